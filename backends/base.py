@@ -1,0 +1,80 @@
+"""The Backend interface: the small surface the harness needs from a distributed framework."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+from benchmarks.config import DDPConfig, HorovodConfig, RunConfig
+from benchmarks.launch import LaunchInfo
+
+ReduceOp = Literal["sum", "mean", "max"]
+
+
+class Backend(ABC):
+    """One data-parallel framework. The harness never branches on which one it holds."""
+
+    name: ClassVar[str]
+    launchers: ClassVar[tuple[str, ...]]
+    """Launchers this backend can run under; anything else is refused before any work."""
+
+    def __init__(self, run: RunConfig, ddp: DDPConfig, hvd: HorovodConfig, launch: LaunchInfo) -> None:
+        self.run, self.ddp, self.hvd, self.launch = run, ddp, hvd, launch
+        self.device = torch.device("cpu")
+
+    # --- lifetime ------------------------------------------------------------------------------
+    @abstractmethod
+    def init(self) -> None:
+        """Join the job (process group, hvd.init) and pick this rank's device."""
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+    # --- topology --------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.launch.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.launch.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    # --- model and optimizer ---------------------------------------------------------------------
+    @abstractmethod
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        """Wrap model and optimizer; all ranks start from rank 0's weights and optimizer state."""
+
+    @contextlib.contextmanager
+    def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
+        """Context for one backward pass; gradients are reduced only after the last micro-batch."""
+        yield
+
+    # --- collectives (never inside a timed step) ----------------------------------------------------
+    @abstractmethod
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor: ...
+
+    @abstractmethod
+    def all_gather_object(self, obj: Any) -> list[Any]: ...
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...
+
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    # --- record ----------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Every knob in effect, for run.json."""
+        return {"accumulate": self.run.accumulate, "fp16_allreduce": self.run.fp16_allreduce}
+
+    def versions(self) -> dict[str, str]:
+        return {}

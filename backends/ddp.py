@@ -1,0 +1,97 @@
+"""Native PyTorch: torch.distributed + DistributedDataParallel."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from backends.base import Backend, ReduceOp
+from benchmarks import launch
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "mean": dist.ReduceOp.SUM}
+
+
+class DDPBackend(Backend):
+    name = "ddp"
+    launchers = (launch.TORCHRUN, launch.MPIRUN, launch.SRUN, launch.PYTHON)
+
+    def init(self) -> None:
+        info = self.launch
+        addr, port = info.master_addr, info.master_port
+        if info.launcher == launch.MPIRUN:
+            addr, port = launch.share_rendezvous_over_mpi()
+        elif addr is None:  # plain python: a one-process group
+            addr, port = "127.0.0.1", launch.free_port()
+        self.dist_backend = self.ddp.dist_backend or ("nccl" if self.run.device == "cuda" else "gloo")
+        if self.run.device == "cuda":
+            torch.cuda.set_device(info.local_rank)
+            self.device = torch.device("cuda", info.local_rank)
+        dist.init_process_group(
+            self.dist_backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=datetime.timedelta(seconds=self.run.timeout),
+        )
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        # DDP broadcasts rank 0's parameters and buffers at construction; the optimizer is plain.
+        ddp_model = DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=self.ddp.bucket_cap_mb,
+            gradient_as_bucket_view=self.ddp.gradient_as_bucket_view,
+            static_graph=self.ddp.static_graph,
+            broadcast_buffers=self.ddp.broadcast_buffers,
+            find_unused_parameters=self.ddp.find_unused_parameters,
+        )
+        if self.run.fp16_allreduce:
+            ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp_model, optimizer
+
+    @contextlib.contextmanager
+    def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
+        assert isinstance(model, DistributedDataParallel)
+        with contextlib.nullcontext() if last_micro_batch else model.no_sync():
+            yield
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+        dist.all_reduce(tensor, op=_OPS[op])
+        return tensor / self.world_size if op == "mean" else tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "dist_backend": self.dist_backend,
+            "bucket_cap_mb": self.ddp.bucket_cap_mb,
+            "gradient_as_bucket_view": self.ddp.gradient_as_bucket_view,
+            "static_graph": self.ddp.static_graph,
+            "broadcast_buffers": self.ddp.broadcast_buffers,
+            "find_unused_parameters": self.ddp.find_unused_parameters,
+            "comm_hook": "fp16_compress_hook" if self.run.fp16_allreduce else None,
+        }

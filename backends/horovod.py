@@ -1,0 +1,89 @@
+"""Horovod: horovod.torch with DistributedOptimizer. Imported lazily; nothing else imports horovod."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.base import Backend, ReduceOp
+from benchmarks import launch
+
+INSTALL_HINT = "Horovod is not installed with PyTorch support; run `make setup` or docker/install-horovod.sh"
+
+
+def import_horovod() -> Any:
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise RuntimeError(f"{INSTALL_HINT} ({exc})") from exc
+    return hvd
+
+
+class HorovodBackend(Backend):
+    name = "horovod"
+    launchers = (launch.HOROVODRUN, launch.MPIRUN, launch.PYTHON)
+
+    def init(self) -> None:
+        # Horovod: knobs are read from the environment at hvd.init().
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.hvd.fusion_threshold_mb * 1024 * 1024))
+        os.environ["HOROVOD_CYCLE_TIME"] = str(self.hvd.cycle_time_ms)
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(int(self.run.timeout))
+        self.hvd_module = hvd = import_horovod()
+        hvd.init()  # Horovod: join the job (gloo or MPI controller, whichever the launcher set up)
+        if self.run.device == "cuda":
+            torch.cuda.set_device(hvd.local_rank())  # Horovod: one GPU per local rank
+            self.device = torch.device("cuda", hvd.local_rank())
+        if hvd.size() != self.launch.world_size:
+            raise RuntimeError(f"Horovod sees {hvd.size()} ranks but the launcher started {self.launch.world_size}")
+
+    def shutdown(self) -> None:
+        self.hvd_module.shutdown()
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        hvd = self.hvd_module
+        # Horovod: start every rank from rank 0's weights (buffers included) and optimizer state.
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        # Horovod: wrap the optimizer; gradients are averaged after `accumulate` backward passes.
+        wrapped = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=hvd.Compression.fp16 if self.run.fp16_allreduce else hvd.Compression.none,
+            op=hvd.Adasum if self.hvd.hvd_op == "adasum" else hvd.Average,
+            backward_passes_per_step=self.run.accumulate,
+        )
+        return model, wrapped
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+        hvd = self.hvd_module
+        hvd_op = {"sum": hvd.Sum, "mean": hvd.Average, "max": hvd.Max}[op]
+        return hvd.allreduce(tensor, op=hvd_op)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return self.hvd_module.allgather_object(obj)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return self.hvd_module.broadcast_object(obj, root_rank=src)
+
+    def barrier(self) -> None:
+        self.hvd_module.barrier()
+
+    def describe(self) -> dict[str, Any]:
+        hvd = self.hvd_module
+        return {
+            **super().describe(),
+            "fusion_threshold_mb": self.hvd.fusion_threshold_mb,
+            "cycle_time_ms": self.hvd.cycle_time_ms,
+            "compression": "fp16" if self.run.fp16_allreduce else "none",
+            "op": self.hvd.hvd_op,
+            "controller": "gloo" if hvd.gloo_enabled() else "mpi",
+            "broadcast_buffers": False,  # Horovod: buffers are broadcast once at start, never per step
+        }
+
+    def versions(self) -> dict[str, str]:
+        import horovod
+
+        return {"horovod": horovod.__version__}

@@ -1,0 +1,166 @@
+"""Launcher detection: the one place that reads a launcher's environment.
+
+`distbench run` works unchanged under torchrun, mpirun/mpiexec (Open MPI), horovodrun (--gloo or
+--mpi), Slurm's srun, and plain python. `detect()` turns whichever environment it finds into a
+`LaunchInfo`; nothing else in distbench looks at RANK, OMPI_COMM_WORLD_* or SLURM_* variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TORCHRUN = "torchrun"
+MPIRUN = "mpirun"
+HOROVODRUN = "horovodrun"
+SRUN = "srun"
+PYTHON = "python"
+LAUNCHERS = (TORCHRUN, MPIRUN, HOROVODRUN, SRUN, PYTHON)
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits in the job, as the launcher told it."""
+
+    launcher: str
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str | None = None
+    """Rendezvous host for torch.distributed; None where it must be agreed at start-up (mpirun)."""
+    master_port: int | None = None
+    detail: str = ""
+    """Launcher sub-mode worth recording, e.g. horovodrun's controller (gloo or mpi)."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = env.get(name)
+    if value is None:
+        if default is None:
+            raise KeyError(name)
+        return default
+    return int(value)
+
+
+def expand_slurm_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list the way `scontrol show hostnames` does.
+
+    "node[01-03,7],gpu-a1" → ["node01", "node02", "node03", "node7", "gpu-a1"].
+    """
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", nodelist):
+        hosts.extend(_expand_host(item.strip()))
+    return [h for h in hosts if h]
+
+
+def _expand_host(pattern: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if not match:
+        return [pattern]
+    prefix, suffix = pattern[: match.start()], pattern[match.end() :]
+    expanded: list[str] = []
+    for part in match.group(1).split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            width = len(lo)
+            expanded += [f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
+        else:
+            expanded.append(f"{prefix}{part}")
+    return [host for item in expanded for host in _expand_host(item + suffix)]
+
+
+def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Work out which launcher started this process, from its environment alone."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "LOCAL_RANK" in env and "MASTER_ADDR" in env):
+        return LaunchInfo(
+            launcher=TORCHRUN,
+            rank=_int(env, "RANK"),
+            local_rank=_int(env, "LOCAL_RANK"),
+            world_size=_int(env, "WORLD_SIZE"),
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1),
+            master_addr=env.get("MASTER_ADDR"),
+            master_port=_int(env, "MASTER_PORT", 29500),
+        )
+    # horovodrun --gloo sets HOROVOD_RANK & co. horovodrun --mpi runs mpirun and sets no HOROVOD_*
+    # variable; it is told apart from a plain mpirun by the interface pins it exports to every rank.
+    if "HOROVOD_RANK" in env:
+        return LaunchInfo(
+            launcher=HOROVODRUN,
+            rank=_int(env, "HOROVOD_RANK"),
+            local_rank=_int(env, "HOROVOD_LOCAL_RANK", 0),
+            world_size=_int(env, "HOROVOD_SIZE"),
+            local_world_size=_int(env, "HOROVOD_LOCAL_SIZE", 1),
+            detail="gloo",
+        )
+    if "OMPI_COMM_WORLD_RANK" in env:
+        via_horovodrun = "NCCL_SOCKET_IFNAME" in env and "OMPI_MCA_btl_tcp_if_include" in env
+        return LaunchInfo(
+            launcher=HOROVODRUN if via_horovodrun else MPIRUN,
+            rank=_int(env, "OMPI_COMM_WORLD_RANK"),
+            local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
+            world_size=_int(env, "OMPI_COMM_WORLD_SIZE"),
+            local_world_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+            detail="mpi",
+        )
+    if "PMI_RANK" in env and "PMI_SIZE" in env:  # MPICH / Intel MPI hydra
+        return LaunchInfo(
+            launcher=MPIRUN,
+            rank=_int(env, "PMI_RANK"),
+            local_rank=_int(env, "MPI_LOCALRANKID", 0),
+            world_size=_int(env, "PMI_SIZE"),
+            local_world_size=_int(env, "MPI_LOCALNRANKS", 1),
+            detail="mpi",
+        )
+    # SLURM_STEP_ID tells an srun task from the batch script itself, which also has SLURM_PROCID.
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "localhost")
+        job_id = _int(env, "SLURM_JOB_ID", 0)
+        return LaunchInfo(
+            launcher=SRUN,
+            rank=_int(env, "SLURM_PROCID"),
+            local_rank=_int(env, "SLURM_LOCALID", 0),
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_world_size=_local_tasks(env),
+            master_addr=env.get("MASTER_ADDR") or expand_slurm_nodelist(nodelist)[0],
+            master_port=_int(env, "MASTER_PORT", 15000 + job_id % 20000),
+        )
+    return LaunchInfo(launcher=PYTHON)
+
+
+def _local_tasks(env: Mapping[str, str]) -> int:
+    # SLURM_TASKS_PER_NODE looks like "4(x2),3"; the local count is the first group's.
+    value = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
+    return int(re.match(r"\d+", value).group(0)) if re.match(r"\d+", value) else 1
+
+
+def check_supported(backend: str, supported: tuple[str, ...], info: LaunchInfo) -> None:
+    """Stop before any work when a backend is started under a launcher it cannot use."""
+    if info.launcher not in supported:
+        raise WrongLauncherError(
+            f"backend '{backend}' cannot run under {info.launcher}; "
+            f"launch it with one of: {', '.join(supported)}"
+        )
+
+
+class WrongLauncherError(RuntimeError):
+    """The backend cannot run under the launcher that started this process."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def share_rendezvous_over_mpi() -> tuple[str, int]:
+    """Agree on rank 0's address and a free port through MPI, so mpirun needs no MASTER_ADDR."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    addr_port = (socket.gethostbyname(socket.gethostname()), free_port()) if comm.rank == 0 else None
+    return comm.bcast(addr_port, root=0)

@@ -1,0 +1,113 @@
+"""The CSV contract and the recorder: the one module that knows the result files' schema.
+
+`<out>/<run-id>/` holds run.json, timing.csv, loss.csv and summary.csv (see README, "Result files").
+Columns are stable; new ones are added at the end and SCHEMA_VERSION is bumped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
+
+TIMING_COLUMNS = (
+    "run_id", "backend", "world_size", "rank", "epoch", "step", "warmup",
+    "samples", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s",
+)  # fmt: skip
+LOSS_COLUMNS = ("run_id", "backend", "world_size", "epoch", "step", "split", "loss", "accuracy", "samples")
+SUMMARY_COLUMNS = (
+    "run_id", "backend", "world_size", "workload", "global_batch", "timed_steps", "samples_per_s",
+    "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
+    "final_val_accuracy", "wall_s",
+)  # fmt: skip
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write via temp file + fsync + rename, so a reader never sees half a run.json."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class Recorder:
+    """Rank 0's writer of one run directory. Rows are appended in whole lines and flushed."""
+
+    def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.meta = {"schema_version": SCHEMA_VERSION, **meta, "status": "running"}
+        run_dir.mkdir(parents=True, exist_ok=False)
+        write_json_atomic(run_dir / RUN_JSON, self.meta)
+        for name, columns in ((TIMING_CSV, TIMING_COLUMNS), (LOSS_CSV, LOSS_COLUMNS)):
+            self._append(name, columns, [], header=True)
+
+    def _append(self, name: str, columns: Sequence[str], rows: Iterable[dict[str, Any]],
+                header: bool = False) -> None:
+        with open(self.run_dir / name, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="raise")
+            if header:
+                writer.writeheader()
+            writer.writerows(rows)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def timing(self, rows: Iterable[dict[str, Any]]) -> None:
+        self._append(TIMING_CSV, TIMING_COLUMNS, rows)
+
+    def loss(self, rows: Iterable[dict[str, Any]]) -> None:
+        self._append(LOSS_CSV, LOSS_COLUMNS, rows)
+
+    def summary(self, row: dict[str, Any]) -> None:
+        self._append(SUMMARY_CSV, SUMMARY_COLUMNS, [row], header=True)
+
+    def finish(self, status: str, **extra: Any) -> None:
+        self.meta.update(status=status, **extra)
+        write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+
+
+def summarize(
+    meta: dict[str, Any], timing_rows: list[dict[str, Any]], loss_rows: list[dict[str, Any]],
+    timed_wall_s: float,
+) -> dict[str, Any]:
+    """summary.csv's row: warm-up steps excluded; a step's time is the slowest rank's."""
+    slowest: dict[int, float] = defaultdict(float)
+    for row in timing_rows:
+        if not row["warmup"]:
+            slowest[row["step"]] = max(slowest[row["step"]], row["step_s"])
+    step_times = np.array(list(slowest.values()))
+    timed_samples = sum(row["samples"] for row in timing_rows if not row["warmup"])
+    train = [r for r in loss_rows if r["split"] == "train"]
+    val = [r for r in loss_rows if r["split"] == "val"]
+
+    def pct(q: float) -> float | None:
+        return float(np.percentile(step_times, q)) if len(step_times) else None
+
+    return {
+        "run_id": meta["run_id"],
+        "backend": meta["backend"],
+        "world_size": meta["world_size"],
+        "workload": meta["workload"],
+        "global_batch": meta["global_batch"],
+        "timed_steps": len(step_times),
+        "samples_per_s": timed_samples / timed_wall_s if timed_wall_s > 0 and timed_samples else None,
+        "step_p50_s": pct(50),
+        "step_p90_s": pct(90),
+        "step_p99_s": pct(99),
+        "final_train_loss": train[-1]["loss"] if train else None,
+        "final_val_loss": val[-1]["loss"] if val else None,
+        "final_val_accuracy": val[-1]["accuracy"] if val else None,
+        "wall_s": timed_wall_s,
+    }

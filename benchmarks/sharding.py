@@ -1,0 +1,48 @@
+"""Seeding and data sharding: the one place that decides which rank sees which sample.
+
+Training follows `torch.utils.data.DistributedSampler` (shuffle with seed + epoch, drop_last, a new
+order every epoch), so the union of all ranks' batches at step s is exactly the contiguous block
+s·W·B … (s+1)·W·B of the epoch's permutation: a single process with batch W·B sees the same samples.
+Validation shards are exact: rank r evaluates samples r, r+W, r+2W, … of N, so every sample is
+evaluated exactly once, with no padding duplicates and none dropped, for any N and world size.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator a workload might touch, identically on every rank and backend."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+
+
+def train_batches(
+    num_samples: int, batch_size: int, rank: int, world_size: int, epoch: int, seed: int,
+    shuffle: bool = True,
+) -> list[list[int]]:
+    """This rank's training batches for one epoch (full batches only, the same count on every rank)."""
+    sampler = DistributedSampler(
+        range(num_samples), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
+    )
+    sampler.set_epoch(epoch)
+    indices = list(sampler)
+    steps = len(indices) // batch_size
+    return [indices[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
+
+
+def val_indices(num_samples: int, rank: int, world_size: int) -> range:
+    """This rank's validation samples: strided, disjoint, covering all N exactly once."""
+    return range(rank, num_samples, world_size)
+
+
+def chunks(indices: range | list[int], size: int) -> list[list[int]]:
+    return [list(indices[i : i + size]) for i in range(0, len(indices), size)]

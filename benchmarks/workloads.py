@@ -1,0 +1,211 @@
+"""Workloads: a model factory plus train and validation sets that are deterministic by index.
+
+Sample i is the same on every rank, backend and world size for a given seed, because each set is
+generated whole from a generator seeded only by `seed`. A user's own workload is loaded with
+`--workload package.module:factory`, where `factory(seed, train_size, val_size) -> Workload`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Workload:
+    """What the harness trains: the same object for every backend."""
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    train: tuple[torch.Tensor, torch.Tensor]
+    """Inputs and targets; row i is sample i."""
+    val: tuple[torch.Tensor, torch.Tensor]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """Per-sample losses (no reduction), so sums and counts reduce exactly across ranks."""
+    correct: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """Per-sample correctness in [0, 1]; None for regression."""
+
+
+def _generator(seed: int, salt: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + salt)
+
+
+def _classification_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (out.argmax(dim=-1) == y).float()
+
+
+def _per_sample_ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def linear(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
+    """`nn.Linear(10, 1)` regression with MSE on y = x·w + b + noise."""
+    n_train, n_val = train_size or 4096, val_size or 1024
+    g = _generator(seed, 1)
+    w, b = torch.randn(10, 1, generator=g), torch.randn(1, generator=g)
+    x = torch.randn(n_train + n_val, 10, generator=g)
+    y = x @ w + b + 0.1 * torch.randn(n_train + n_val, 1, generator=g)
+    return Workload(
+        name="linear",
+        build_model=lambda: nn.Linear(10, 1),
+        train=(x[:n_train], y[:n_train]),
+        val=(x[n_train:], y[n_train:]),
+        loss=lambda out, t: F.mse_loss(out, t, reduction="none").mean(dim=1),
+    )
+
+
+def mlp(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
+    """A 64-128-128-10 classifier on scikit-learn's bundled 8×8 digits (1797 real images)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    n_val = val_size or 360
+    n_train = train_size or len(x) - n_val
+    if n_train + n_val > len(x):
+        raise ValueError(f"mlp has {len(x)} samples; --train-size + --val-size is {n_train + n_val}")
+    order = torch.randperm(len(x), generator=_generator(seed, 2))
+    x, y = x[order], y[order]
+    return Workload(
+        name="mlp",
+        build_model=lambda: nn.Sequential(
+            nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
+        ),
+        train=(x[:n_train], y[:n_train]),
+        val=(x[n_train : n_train + n_val], y[n_train : n_train + n_val]),
+        loss=_per_sample_ce,
+        correct=_classification_correct,
+    )
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels_in: int, channels_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels_in, channels_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels_out)
+        self.conv2 = nn.Conv2d(channels_out, channels_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or channels_in != channels_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(channels_in, channels_out, 1, stride, bias=False), nn.BatchNorm2d(channels_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def _small_resnet() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        _ResidualBlock(16, 16, 1), _ResidualBlock(16, 32, 2), _ResidualBlock(32, 64, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+    )  # fmt: skip
+
+
+def cnn(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
+    """A small ResNet (BatchNorm) on 3×32×32 images: a class template plus noise, 10 classes."""
+    n_train, n_val = train_size or 2048, val_size or 512
+    g = _generator(seed, 3)
+    templates = torch.randn(10, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (n_train + n_val,), generator=g)
+    x = templates[y] + 2.0 * torch.randn(n_train + n_val, 3, 32, 32, generator=g)
+    return Workload(
+        name="cnn",
+        build_model=_small_resnet,
+        train=(x[:n_train], y[:n_train]),
+        val=(x[n_train:], y[n_train:]),
+        loss=_per_sample_ce,
+        correct=_classification_correct,
+    )
+
+
+class _Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(dim, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(batch, length, dim))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style decoder; dropout-free so every backend computes the same function."""
+
+    def __init__(self, vocab: int = 512, context: int = 32, dim: int = 128, layers: int = 4, heads: int = 4):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+        self.blocks = nn.Sequential(*[_Block(dim, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
+
+
+def transformer(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
+    """A small GPT on seeded token sequences (arithmetic progressions mod the vocabulary)."""
+    vocab, context = 512, 32
+    n_train, n_val = train_size or 2048, val_size or 256
+    g = _generator(seed, 4)
+    n = n_train + n_val
+    start = torch.randint(0, vocab, (n, 1), generator=g)
+    stride = torch.randint(1, 8, (n, 1), generator=g)
+    tokens = (start + stride * torch.arange(context + 1)) % vocab
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.transpose(1, 2), t, reduction="none").mean(dim=1)
+
+    def correct(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (out.argmax(dim=-1) == t).float().mean(dim=1)
+
+    return Workload(
+        name="transformer",
+        build_model=lambda: TinyGPT(vocab, context),
+        train=(x[:n_train], y[:n_train]),
+        val=(x[n_train:], y[n_train:]),
+        loss=loss,
+        correct=correct,
+    )
+
+
+REGISTRY: dict[str, Callable[..., Workload]] = {
+    "linear": linear, "mlp": mlp, "cnn": cnn, "transformer": transformer,
+}  # fmt: skip
+
+
+def load(name: str, seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
+    """Build a workload by registry name or `package.module:factory`."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load workload '{name}': {exc}") from exc
+    elif name in REGISTRY:
+        factory = REGISTRY[name]
+    else:
+        raise ValueError(
+            f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)"
+        )
+    workload = factory(seed, train_size, val_size)
+    if not math.prod(workload.val[0].shape[:1]):
+        raise ValueError(f"workload '{name}' has an empty validation set")
+    return workload
