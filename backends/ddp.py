@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,12 @@ from backends.base import Backend, ReduceOp
 from benchmarks import launch
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "mean": dist.ReduceOp.SUM}
+
+
+def _buffer_sync_kwarg(enabled: bool) -> dict[str, bool]:
+    # torch 2.13 renames broadcast_buffers to forward_sync_buffers (init sync is kept either way).
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": enabled}
 
 
 class DDPBackend(Backend):
@@ -54,7 +61,7 @@ class DDPBackend(Backend):
             bucket_cap_mb=self.ddp.bucket_cap_mb,
             gradient_as_bucket_view=self.ddp.gradient_as_bucket_view,
             static_graph=self.ddp.static_graph,
-            broadcast_buffers=self.ddp.broadcast_buffers,
+            **_buffer_sync_kwarg(self.ddp.broadcast_buffers),
             find_unused_parameters=self.ddp.find_unused_parameters,
         )
         if self.run.fp16_allreduce:

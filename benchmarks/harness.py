@@ -106,7 +106,7 @@ class Trainer:
             kept.append((per_sample.detach(), out.detach(), y))
         t4 = time.perf_counter()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # set_to_none, the default; Horovod takes no argument
         self._sync()
         end = time.perf_counter()
         # Off the clock: reading losses forces a device sync, so it comes after the step is timed.
