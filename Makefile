@@ -1,0 +1,44 @@
+# distbench: every target does whatever set-up is missing, and nothing more.
+#   make demo    the DDP-vs-Horovod comparison
+#   make test    the whole test suite
+#   make lint    ruff
+# Override: TORCH_SPEC='torch==2.14.1' make test, or VENV=/path/to/existing/env make test.
+
+PYTHON3    ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY         := $(VENV)/bin/python
+# The stamp's name carries TORCH_SPEC, so a different spec re-runs the install.
+STAMP      := $(VENV)/.distbench-deps-$(shell echo '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
+
+.PHONY: setup horovod demo test lint clean
+
+$(PY):
+	$(PYTHON3) -m venv $(VENV)
+
+# Python dependencies; redone when pyproject.toml or TORCH_SPEC changes.
+$(STAMP): pyproject.toml | $(PY)
+	docker/install-system-deps.sh
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet '$(TORCH_SPEC)'
+	$(PY) -m pip install --quiet -e '.[dev]'
+	echo '$(TORCH_SPEC)' > $@
+
+setup: $(STAMP) horovod
+
+# Seconds when Horovod is installed or its wheel is cached; about 3-8 minutes to build otherwise.
+horovod: $(STAMP)
+	docker/install-horovod.sh $(PY)
+
+demo: setup
+	$(VENV)/bin/distbench compare
+
+test: setup
+	$(VENV)/bin/pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) results/runs

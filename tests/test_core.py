@@ -1,0 +1,135 @@
+"""Core: identical workloads on every backend, exact validation, sampling, the CSV contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchmarks import results, sharding, workloads
+
+from .conftest import CLI, horovodrun, read_run, run_ok, torchrun
+
+STEPS = ["--epochs", "1", "--steps-per-epoch", "20", "--seed", "7", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def equivalence_runs(tmp_path_factory, horovod_available) -> dict[tuple[str, str], Path]:
+    """For mlp and linear: DDP 2×B, Horovod 2×B, single 2B, all from the same seed."""
+    out = tmp_path_factory.mktemp("equiv")
+    runs = {}
+    for workload in ("mlp", "linear"):
+        args = ["run", "--workload", workload, *STEPS, "--out", str(out)]
+        for backend, cmd, batch in (
+            ("ddp", torchrun(2), 16),
+            ("horovod", horovodrun(2), 16),
+            ("single", CLI, 32),
+        ):
+            run_id = f"{workload}-{backend}"
+            run_ok([*cmd, *args, "--backend", backend, "--batch-size", str(batch), "--run-id", run_id])
+            runs[(workload, backend)] = out / run_id
+    return runs
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workload", ["mlp", "linear"])
+def test_backends_give_the_same_loss_curve(equivalence_runs, workload: str) -> None:
+    curves = {}
+    for backend in ("ddp", "horovod", "single"):
+        loss = read_run(equivalence_runs[(workload, backend)])["loss"]
+        curves[backend] = loss[loss.split == "train"].set_index("step")["loss"]
+    assert len(curves["single"]) == 20
+    for backend in ("ddp", "horovod"):
+        assert curves[backend].index.equals(curves["single"].index)
+        diff = (curves[backend] - curves["single"]).abs().max()
+        assert diff < 1e-5, f"{backend} vs single differs by {diff}"
+    # The loss moved: equal curves are not equal because nothing was trained.
+    assert curves["single"].iloc[-1] < curves["single"].iloc[0]
+
+
+@pytest.mark.timeout(300)
+def test_csv_contract(equivalence_runs) -> None:
+    run_dir = equivalence_runs[("mlp", "ddp")]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "completed" and meta["schema_version"] == results.SCHEMA_VERSION
+    assert meta["launcher"] == "torchrun" and meta["world_size"] == 2
+    for key in ("config", "knobs", "threads", "versions", "hosts", "start_time", "end_time"):
+        assert key in meta
+    assert meta["knobs"]["bucket_cap_mb"] == 25.0 and meta["versions"]["torch"]
+    frames = read_run(run_dir)
+    assert tuple(frames["timing"].columns) == results.TIMING_COLUMNS
+    assert tuple(frames["loss"].columns) == results.LOSS_COLUMNS
+    assert tuple(frames["summary"].columns) == results.SUMMARY_COLUMNS
+    timing = frames["timing"]
+    assert len(timing) == 2 * 20 and set(timing["rank"]) == {0, 1}
+    assert timing.groupby("step")["warmup"].first().tolist() == [True] * 5 + [False] * 15
+    summary = frames["summary"].iloc[0]
+    assert summary["timed_steps"] == 15 and summary["global_batch"] == 32
+    timed = timing[~timing["warmup"]]
+    assert summary["step_p50_s"] == pytest.approx(timed.groupby("step")["step_s"].max().median())
+    assert summary["samples_per_s"] == pytest.approx(timed["samples"].sum() / summary["wall_s"])
+    hvd_meta = json.loads((equivalence_runs[("mlp", "horovod")] / "run.json").read_text())
+    assert hvd_meta["launcher"] == "horovodrun" and hvd_meta["knobs"]["controller"] == "gloo"
+    assert hvd_meta["knobs"]["fusion_threshold_mb"] == 128.0
+
+
+@pytest.mark.timeout(300)
+def test_exact_validation_on_2_and_3_ranks(tmp_path) -> None:
+    # lr 0 keeps the weights at their (identical) initial values, so only the validation differs.
+    args = ["run", "--backend", "{b}", "--workload", "mlp", "--train-size", "256", "--val-size", "1001",
+            "--epochs", "1", "--steps-per-epoch", "2", "--lr", "0", "--quiet", "--out", str(tmp_path)]
+    values = {}
+    for world, cmd, backend in ((1, CLI, "single"), (2, torchrun(2), "ddp"), (3, torchrun(3), "ddp")):
+        argv = [a.replace("{b}", backend) for a in args]
+        run_ok([*cmd, *argv, "--run-id", f"w{world}"], timeout=180)
+        loss = read_run(tmp_path / f"w{world}")["loss"]
+        values[world] = loss[loss.split == "val"].iloc[-1]
+    for world in (2, 3):
+        assert values[world]["samples"] == 1001
+        assert values[world]["loss"] == pytest.approx(values[1]["loss"], abs=1e-6)
+        assert values[world]["accuracy"] == pytest.approx(values[1]["accuracy"], abs=1e-6)
+
+
+def test_val_shards_cover_every_sample_once() -> None:
+    for n in (1, 7, 1001):
+        for world in (1, 2, 3, 4):
+            seen = sorted(i for r in range(world) for i in sharding.val_indices(n, r, world))
+            assert seen == list(range(n))
+
+
+def test_train_shards_are_disjoint_and_reshuffled_each_epoch() -> None:
+    def epoch_indices(rank: int, epoch: int) -> list[int]:
+        return [i for batch in sharding.train_batches(100, 8, rank, 2, epoch, seed=0) for i in batch]
+
+    r0, r1 = epoch_indices(0, 0), epoch_indices(1, 0)
+    assert not set(r0) & set(r1) and len(r0) == len(r1) == 48
+    assert epoch_indices(0, 1) != r0
+
+
+def test_union_of_rank_batches_is_the_single_process_batch() -> None:
+    single = sharding.train_batches(100, 16, 0, 1, 0, seed=3)
+    per_rank = [sharding.train_batches(100, 8, r, 2, 0, seed=3) for r in range(2)]
+    assert len(single) == len(per_rank[0])
+    for step, batch in enumerate(single):
+        assert sorted(batch) == sorted(per_rank[0][step] + per_rank[1][step])
+
+
+def test_workloads_are_deterministic_by_index() -> None:
+    for name in workloads.REGISTRY:
+        a = workloads.load(name, seed=1, train_size=64, val_size=32)
+        b = workloads.load(name, seed=1, train_size=64, val_size=32)
+        assert all((x == y).all() for x, y in zip(a.train + a.val, b.train + b.val, strict=True))
+        assert len(a.train[0]) == 64 and len(a.val[0]) == 32
+
+
+def test_unknown_workload_lists_known_ones() -> None:
+    with pytest.raises(ValueError, match="known: linear, mlp, cnn, transformer"):
+        workloads.load("nope", seed=0)
+
+
+def test_custom_workload_by_module_path(tmp_path) -> None:
+    run_ok([*CLI, "run", "--backend", "single", "--workload", "benchmarks.workloads:linear", "--epochs", "1",
+            "--steps-per-epoch", "3", "--quiet", "--out", str(tmp_path), "--run-id", "custom"])
+    assert pd.read_csv(tmp_path / "custom" / "summary.csv")["workload"].iloc[0] == "benchmarks.workloads:linear"

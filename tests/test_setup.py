@@ -1,0 +1,60 @@
+"""Foundation: the Horovod recipe is idempotent, doctor reports the build, every --help works."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from benchmarks.cli import build_parser
+
+from .conftest import BIN, CLI, REPO, launcher_env, run_ok
+
+
+@pytest.mark.timeout(120)
+def test_second_horovod_install_uses_cache_and_is_fast() -> None:
+    start = time.monotonic()
+    proc = run_ok(["bash", str(REPO / "docker/install-horovod.sh"), str(BIN / "python")], timeout=110)
+    elapsed = time.monotonic() - start
+    assert "already installed" in proc.stderr or "using the cached wheel" in proc.stderr
+    assert "lists PyTorch, MPI and Gloo" in proc.stderr
+    assert elapsed < 30, f"a second install took {elapsed:.1f}s"
+
+
+@pytest.mark.timeout(60)
+def test_horovodrun_check_build_lists_controllers() -> None:
+    out = run_ok([str(BIN / "horovodrun"), "--check-build"]).stdout
+    for name in ("PyTorch", "MPI", "Gloo"):
+        assert f"[X] {name}" in out
+
+
+@pytest.mark.timeout(60)
+def test_doctor_reports_versions_and_controllers() -> None:
+    proc = run_ok([*CLI, "doctor"])
+    out = proc.stdout
+    for fact in ("python", "torch", "horovod", "mpi4py", "mpi", "cpus", "cuda"):
+        assert f"{fact}:" in out
+    assert "0.28.1" in out and "Open MPI" in out
+    assert "Gloo yes" in out and "MPI yes" in out and "PyTorch yes" in out
+
+
+@pytest.mark.timeout(60)
+def test_doctor_fails_with_hint_when_horovod_missing(tmp_path) -> None:
+    # A horovod package that cannot be imported shadows the real one.
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('simulated missing horovod')\n")
+    env = launcher_env(PYTHONPATH=f"{tmp_path}:{REPO}")
+    proc = subprocess.run([*CLI, "doctor"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0
+    assert "make setup" in proc.stderr
+
+
+SUBCOMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["", *SUBCOMMANDS])
+def test_help_works_for_every_subcommand(command: str) -> None:
+    proc = run_ok([str(BIN / "distbench"), *([command] if command else []), "--help"])
+    assert "usage: distbench" in proc.stdout
