@@ -1,17 +1,19 @@
 """`distbench` command line: run, compare, report, doctor.
 
-    distbench doctor                                   what this machine can run
-    torchrun --standalone --nproc-per-node 2 -m benchmarks.cli run --backend ddp --workload mlp
-    horovodrun -np 2 --gloo python -m benchmarks.cli run --backend horovod --workload mlp
-    distbench compare                                  the default DDP-vs-Horovod comparison
-    distbench report results/runs/<compare-id>         tables, plots, report.md/html
+distbench doctor                                   what this machine can run
+torchrun --standalone --nproc-per-node 2 -m benchmarks.cli run --backend ddp --workload mlp
+horovodrun -np 2 --gloo python -m benchmarks.cli run --backend horovod --workload mlp
+distbench compare                                  the default DDP-vs-Horovod comparison
+distbench report results/runs/<compare-id>         tables, plots, report.md/html
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import backends
 from benchmarks import config
@@ -55,14 +57,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = config.from_namespace(RunConfig, args)
     try:
         validate(args.backend, cfg)
-        run_dir = harness.run(args.backend, cfg, config.from_namespace(DDPConfig, args),
-                              config.from_namespace(HorovodConfig, args))
+        run_dir = harness.run(
+            args.backend, cfg, config.from_namespace(DDPConfig, args), config.from_namespace(HorovodConfig, args)
+        )
     except (InputError, launch.WrongLauncherError) as exc:
         print(f"distbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if run_dir is not None:
         print(run_dir)
     return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from benchmarks import compare, harness
+
+    cfg = config.from_namespace(RunConfig, args)
+    names = [b.strip() for b in args.backends.split(",") if b.strip()]
+    try:
+        if args.nproc < 1 or args.repeats < 1:
+            raise InputError("--nproc and --repeats must be positive integers")
+        for name in names:
+            validate(name, cfg)
+    except InputError as exc:
+        print(f"distbench: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    run_argv = [
+        # --out and --run-id are compare's own: each run gets <out>/<compare-id>/<backend>-r<N>.
+        *config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None)),
+        *config.to_argv(config.from_namespace(DDPConfig, args)),
+        *config.to_argv(config.from_namespace(HorovodConfig, args)),
+    ]
+    threads = cfg.threads or harness.default_threads(args.nproc)
+    return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, Path(cfg.out), threads, cfg.run_id)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -72,14 +98,34 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distbench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="distbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one benchmark inside the current launcher")
     run.add_argument("--backend", required=True, help=f"one of {', '.join(backends.NAMES)}")
     add_run_options(run)
     run.set_defaults(func=_cmd_run)
+
+    cmp = sub.add_parser(
+        "compare",
+        help="run the same workload over several backends and compare them",
+        description="With no options: a quick DDP-vs-Horovod comparison (about a minute).",
+    )
+    cmp.add_argument("--backends", default="ddp,horovod", help="comma-separated backends (default: ddp,horovod)")
+    cmp.add_argument("--nproc", type=int, default=2, help="ranks per backend (default: 2)")
+    cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats per backend (default: 3)")
+    cmp.add_argument(
+        "--launcher",
+        choices=("torchrun", "horovodrun", "mpirun"),
+        default=None,
+        help="one launcher for every backend (default: torchrun for ddp, horovodrun for horovod)",
+    )
+    add_run_options(cmp)
+    from benchmarks.compare import DEFAULTS
+
+    cmp.set_defaults(func=_cmd_compare, **DEFAULTS)
 
     doctor = sub.add_parser("doctor", help="print versions and what Horovod was built with")
     doctor.set_defaults(func=_cmd_doctor)

@@ -76,8 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
             group.add_argument(flag, action=action, default=f.default, help=help_text)
             continue
         kind = {"int": int, "int | None": int, "float": float}.get(str(f.type), str)
-        group.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default: {f.default})",
-                           choices=f.metadata.get("choices"))
+        group.add_argument(
+            flag,
+            type=kind,
+            default=f.default,
+            help=f"{help_text} (default: {f.default})",
+            choices=f.metadata.get("choices"),
+        )
 
 
 def from_namespace(section: type[T], args: argparse.Namespace) -> T:

@@ -51,8 +51,9 @@ def new_run_id(backend: str, workload: str, world_size: int) -> str:
 class Trainer:
     """Trains and validates one workload on one backend; rank 0 records."""
 
-    def __init__(self, backend: Backend, workload: workloads.Workload, cfg: RunConfig,
-                 recorder: results.Recorder | None) -> None:
+    def __init__(
+        self, backend: Backend, workload: workloads.Workload, cfg: RunConfig, recorder: results.Recorder | None
+    ) -> None:
         self.backend, self.workload, self.cfg, self.recorder = backend, workload, cfg, recorder
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
@@ -130,10 +131,17 @@ class Trainer:
         timing, by_step = [], {}
         for rows, rank in gathered:
             for row in rows:
-                timing.append({**common, "rank": rank, **{c: row[c] for c in results.TIMING_COLUMNS
-                                                          if c in row}})
-                acc = by_step.setdefault(row["step"], {"epoch": row["epoch"], "loss": 0.0, "correct": 0.0,
-                                                       "samples": 0, "has_acc": row["correct_sum"] is not None})
+                timing.append({**common, "rank": rank, **{c: row[c] for c in results.TIMING_COLUMNS if c in row}})
+                acc = by_step.setdefault(
+                    row["step"],
+                    {
+                        "epoch": row["epoch"],
+                        "loss": 0.0,
+                        "correct": 0.0,
+                        "samples": 0,
+                        "has_acc": row["correct_sum"] is not None,
+                    },
+                )
                 acc["loss"] += row["loss_sum"]
                 acc["correct"] += row["correct_sum"] or 0.0
                 acc["samples"] += row["samples"]
@@ -178,9 +186,14 @@ class Trainer:
     def fit(self) -> None:
         cfg = self.cfg
         plan = [self.steps_in_epoch(epoch) for epoch in range(cfg.epochs)]
-        self.progress = tqdm(total=sum(map(len, plan)), unit="step", file=sys.stderr, dynamic_ncols=True,
-                             desc=f"{self.backend.name} {self.workload.name}",
-                             disable=cfg.quiet or self.backend.rank != 0)
+        self.progress = tqdm(
+            total=sum(map(len, plan)),
+            unit="step",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            desc=f"{self.backend.name} {self.workload.name}",
+            disable=cfg.quiet or self.backend.rank != 0,
+        )
         for epoch, steps in enumerate(plan, start=1):
             window_start: float | None = None
             flush_s = 0.0
@@ -236,7 +249,7 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
     try:
         workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
-        hosts = backend.all_gather_object(socket.gethostname())
+        hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
         meta = {
             "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
             "launcher_detail": info.detail, "world_size": info.world_size,
@@ -255,15 +268,15 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
             recorder.meta["knobs"] = backend.describe()
         trainer.fit()
         if recorder is not None:
-            recorder.summary(results.summarize(recorder.meta, trainer.timing_rows, trainer.loss_rows,
-                                               trainer.timed_wall_s))
+            recorder.summary(
+                results.summarize(recorder.meta, trainer.timing_rows, trainer.loss_rows, trainer.timed_wall_s)
+            )
             recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
             return recorder.run_dir
         return None
     except BaseException as exc:
         if recorder is not None:
-            recorder.finish("failed", end_time=_now(), error=f"{type(exc).__name__}: {exc}",
-                            failed_rank=backend.rank)
+            recorder.finish("failed", end_time=_now(), error=f"{type(exc).__name__}: {exc}", failed_rank=backend.rank)
         raise
     finally:
         backend.shutdown()

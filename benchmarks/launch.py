@@ -30,6 +30,8 @@ class LaunchInfo:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
+    node_rank: int | None = None
+    """Which machine (agent) of the job this rank runs on, where the launcher says."""
     master_addr: str | None = None
     """Rendezvous host for torch.distributed; None where it must be agreed at start-up (mpirun)."""
     master_port: int | None = None
@@ -83,6 +85,7 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             local_rank=_int(env, "LOCAL_RANK"),
             world_size=_int(env, "WORLD_SIZE"),
             local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1),
+            node_rank=_int(env, "GROUP_RANK", 0),
             master_addr=env.get("MASTER_ADDR"),
             master_port=_int(env, "MASTER_PORT", 29500),
         )
@@ -95,6 +98,7 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             local_rank=_int(env, "HOROVOD_LOCAL_RANK", 0),
             world_size=_int(env, "HOROVOD_SIZE"),
             local_world_size=_int(env, "HOROVOD_LOCAL_SIZE", 1),
+            node_rank=_int(env, "HOROVOD_CROSS_RANK", 0),
             detail="gloo",
         )
     if "OMPI_COMM_WORLD_RANK" in env:
@@ -126,6 +130,7 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             local_rank=_int(env, "SLURM_LOCALID", 0),
             world_size=_int(env, "SLURM_NTASKS"),
             local_world_size=_local_tasks(env),
+            node_rank=_int(env, "SLURM_NODEID", 0),
             master_addr=env.get("MASTER_ADDR") or expand_slurm_nodelist(nodelist)[0],
             master_port=_int(env, "MASTER_PORT", 15000 + job_id % 20000),
         )
@@ -142,8 +147,7 @@ def check_supported(backend: str, supported: tuple[str, ...], info: LaunchInfo) 
     """Stop before any work when a backend is started under a launcher it cannot use."""
     if info.launcher not in supported:
         raise WrongLauncherError(
-            f"backend '{backend}' cannot run under {info.launcher}; "
-            f"launch it with one of: {', '.join(supported)}"
+            f"backend '{backend}' cannot run under {info.launcher}; launch it with one of: {', '.join(supported)}"
         )
 
 

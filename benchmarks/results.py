@@ -54,8 +54,7 @@ class Recorder:
         for name, columns in ((TIMING_CSV, TIMING_COLUMNS), (LOSS_CSV, LOSS_COLUMNS)):
             self._append(name, columns, [], header=True)
 
-    def _append(self, name: str, columns: Sequence[str], rows: Iterable[dict[str, Any]],
-                header: bool = False) -> None:
+    def _append(self, name: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], header: bool = False) -> None:
         with open(self.run_dir / name, "a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="raise")
             if header:
@@ -79,7 +78,9 @@ class Recorder:
 
 
 def summarize(
-    meta: dict[str, Any], timing_rows: list[dict[str, Any]], loss_rows: list[dict[str, Any]],
+    meta: dict[str, Any],
+    timing_rows: list[dict[str, Any]],
+    loss_rows: list[dict[str, Any]],
     timed_wall_s: float,
 ) -> dict[str, Any]:
     """summary.csv's row: warm-up steps excluded; a step's time is the slowest rank's."""

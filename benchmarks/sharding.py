@@ -26,7 +26,12 @@ def seed_everything(seed: int) -> None:
 
 
 def train_batches(
-    num_samples: int, batch_size: int, rank: int, world_size: int, epoch: int, seed: int,
+    num_samples: int,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    seed: int,
     shuffle: bool = True,
 ) -> list[list[int]]:
     """This rank's training batches for one epoch (full batches only, the same count on every rank)."""

@@ -202,9 +202,7 @@ def load(name: str, seed: int, train_size: int | None = None, val_size: int | No
     elif name in REGISTRY:
         factory = REGISTRY[name]
     else:
-        raise ValueError(
-            f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)"
-        )
+        raise ValueError(f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)")
     workload = factory(seed, train_size, val_size)
     if not math.prod(workload.val[0].shape[:1]):
         raise ValueError(f"workload '{name}' has an empty validation set")

@@ -40,7 +40,9 @@ def mpirun(nproc: int) -> list[str]:
 def run_ok(cmd: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
     """Run a command to completion; on failure show its output in the assertion."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=launcher_env(**env))
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     return proc
 
 

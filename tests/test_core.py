@@ -78,8 +78,26 @@ def test_csv_contract(equivalence_runs) -> None:
 @pytest.mark.timeout(300)
 def test_exact_validation_on_2_and_3_ranks(tmp_path) -> None:
     # lr 0 keeps the weights at their (identical) initial values, so only the validation differs.
-    args = ["run", "--backend", "{b}", "--workload", "mlp", "--train-size", "256", "--val-size", "1001",
-            "--epochs", "1", "--steps-per-epoch", "2", "--lr", "0", "--quiet", "--out", str(tmp_path)]
+    args = [
+        "run",
+        "--backend",
+        "{b}",
+        "--workload",
+        "mlp",
+        "--train-size",
+        "256",
+        "--val-size",
+        "1001",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "2",
+        "--lr",
+        "0",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+    ]
     values = {}
     for world, cmd, backend in ((1, CLI, "single"), (2, torchrun(2), "ddp"), (3, torchrun(3), "ddp")):
         argv = [a.replace("{b}", backend) for a in args]
@@ -130,6 +148,23 @@ def test_unknown_workload_lists_known_ones() -> None:
 
 
 def test_custom_workload_by_module_path(tmp_path) -> None:
-    run_ok([*CLI, "run", "--backend", "single", "--workload", "benchmarks.workloads:linear", "--epochs", "1",
-            "--steps-per-epoch", "3", "--quiet", "--out", str(tmp_path), "--run-id", "custom"])
+    run_ok(
+        [
+            *CLI,
+            "run",
+            "--backend",
+            "single",
+            "--workload",
+            "benchmarks.workloads:linear",
+            "--epochs",
+            "1",
+            "--steps-per-epoch",
+            "3",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "custom",
+        ]
+    )
     assert pd.read_csv(tmp_path / "custom" / "summary.csv")["workload"].iloc[0] == "benchmarks.workloads:linear"

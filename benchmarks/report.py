@@ -1,0 +1,183 @@
+"""Load result directories into tidy pandas frames, and summarise them with honest statistics.
+
+from benchmarks.report import load_runs
+rs = load_runs("results/runs/<compare-id>")      # or one run dir, or a glob
+rs.runs, rs.timing, rs.loss                     # metadata joined in
+per_run_stats(rs); backend_table(per_run_stats(rs)); loss_agreement(rs)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchmarks import results, stats
+
+KNOWN_SCHEMAS = {1}
+RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
+
+
+class SchemaError(ValueError):
+    """A result file distbench does not know how to read."""
+
+
+@dataclass
+class RunSet:
+    runs: pd.DataFrame
+    """One row per run: run.json's main fields, the knobs flattened as knob_*, and `path`."""
+    timing: pd.DataFrame
+    loss: pd.DataFrame
+
+
+def find_run_dirs(*paths: str | Path) -> list[Path]:
+    """Run directories under each path: the path itself, its children, or a glob's matches."""
+    found: list[Path] = []
+    for pattern in paths:
+        matches = [Path(p) for p in sorted(glob.glob(str(pattern)))] or [Path(pattern)]
+        for path in matches:
+            if (path / results.RUN_JSON).is_file():
+                found.append(path)
+            elif path.is_dir():
+                found += sorted(p.parent for p in path.glob(f"*/{results.RUN_JSON}"))
+    return list(dict.fromkeys(found))
+
+
+def read_meta(run_dir: Path) -> dict:
+    meta = json.loads((run_dir / results.RUN_JSON).read_text())
+    if meta.get("schema_version") not in KNOWN_SCHEMAS:
+        raise SchemaError(
+            f"{run_dir / results.RUN_JSON}: schema_version {meta.get('schema_version')!r} is not one of "
+            f"{sorted(KNOWN_SCHEMAS)}; upgrade distbench to read it"
+        )
+    return meta
+
+
+def load_runs(*paths: str | Path, include_failed: bool = True) -> RunSet:
+    """Load runs into tidy frames; timing and loss rows carry their run's metadata."""
+    dirs = find_run_dirs(*paths)
+    if not dirs:
+        raise FileNotFoundError(f"no run directories (with {results.RUN_JSON}) under {', '.join(map(str, paths))}")
+    metas, timings, losses = [], [], []
+    for run_dir in dirs:
+        meta = read_meta(run_dir)
+        if meta["status"] != "completed" and not include_failed:
+            continue
+        row = {key: meta.get(key) for key in RUN_COLUMNS}
+        row.update({f"knob_{k}": v for k, v in (meta.get("knobs") or {}).items()})
+        row.update(path=str(run_dir), error=meta.get("error"))
+        metas.append(row)
+        for name, sink in ((results.TIMING_CSV, timings), (results.LOSS_CSV, losses)):
+            if (run_dir / name).is_file():
+                sink.append(pd.read_csv(run_dir / name))
+    runs = pd.DataFrame(metas)
+    join = ["run_id", "launcher", "workload", "status"]
+
+    def frame(parts: list[pd.DataFrame]) -> pd.DataFrame:
+        if not parts:
+            return pd.DataFrame()
+        return pd.concat(parts, ignore_index=True).merge(runs[join], on="run_id", how="left")
+
+    return RunSet(runs=runs, timing=frame(timings), loss=frame(losses))
+
+
+def per_run_stats(rs: RunSet) -> pd.DataFrame:
+    """Per run: throughput over the timed window, step percentiles (slowest rank per step), rank skew."""
+    rows = []
+    for run in rs.runs.itertuples():
+        summary_path = Path(run.path) / results.SUMMARY_CSV
+        summary = pd.read_csv(summary_path).iloc[0] if summary_path.is_file() else None
+        timed = (
+            rs.timing[(rs.timing.run_id == run.run_id) & ~rs.timing.warmup.astype(bool)]
+            if len(rs.timing)
+            else pd.DataFrame()
+        )
+        step = timed.groupby("step")["step_s"].max() if len(timed) else pd.Series(dtype=float)
+        per_rank = timed.groupby("rank")["step_s"].sum() if len(timed) else pd.Series(dtype=float)
+        q = np.percentile(step, [50, 90, 95, 99]) if len(step) else [np.nan] * 4
+        rows.append({
+            "run_id": run.run_id, "backend": run.backend, "world_size": run.world_size,
+            "status": run.status, "samples_per_s": summary["samples_per_s"] if summary is not None else np.nan,
+            "step_p50_s": q[0], "step_p90_s": q[1], "step_p95_s": q[2], "step_p99_s": q[3],
+            "rank_skew": per_rank.max() / per_rank.min() if len(per_rank) > 1 else 1.0,
+            "final_train_loss": summary["final_train_loss"] if summary is not None else np.nan,
+            "final_val_loss": summary["final_val_loss"] if summary is not None else np.nan,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Across repeats, per backend: mean throughput with a 95 % CI, ratio to the first backend."""
+    rows = []
+    order = list(dict.fromkeys(per_run["backend"]))
+    ok = per_run[per_run.status == "completed"]
+    base = ok[ok.backend == order[0]]["samples_per_s"] if order else pd.Series(dtype=float)
+    for backend in order:
+        mine = ok[ok.backend == backend]
+        failed = int((per_run.backend == backend).sum() - len(mine))
+        row: dict = {"backend": backend, "runs_ok": len(mine), "runs_failed": failed}
+        if len(mine):
+            mean, lo, hi = stats.mean_ci(mine["samples_per_s"])
+            row.update(
+                samples_per_s=mean,
+                ci_low=lo,
+                ci_high=hi,
+                step_p50_s=mine["step_p50_s"].mean(),
+                step_p99_s=mine["step_p99_s"].mean(),
+                final_train_loss=mine["final_train_loss"].mean(),
+                final_val_loss=mine["final_val_loss"].mean(),
+            )
+            if len(base):
+                ratio, rlo, rhi = stats.bootstrap_ratio_ci(mine["samples_per_s"], base)
+                row.update(ratio=ratio, ratio_low=rlo, ratio_high=rhi)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def loss_agreement(rs: RunSet) -> float:
+    """Max abs difference between the backends' global train-loss curves (first run of each)."""
+    train = rs.loss[(rs.loss.split == "train") & (rs.loss.status == "completed")] if len(rs.loss) else rs.loss
+    if not len(train):
+        return float("nan")
+    firsts = train.groupby("backend")["run_id"].min()
+    curves = [train[train.run_id == rid].set_index("step")["loss"] for rid in firsts]
+    worst = 0.0
+    for curve in curves[1:]:
+        common = curves[0].index.intersection(curve.index)
+        worst = max(worst, float((curves[0][common] - curve[common]).abs().max()))
+    return worst
+
+
+def format_table(table: pd.DataFrame, agreement: float) -> str:
+    """The terminal table `compare` and `report` print."""
+    lines = [
+        f"{'backend':<10} {'ok/fail':>7} {'samples/s (95% CI)':>26} {'ratio (95% CI)':>20} "
+        f"{'p50 step':>9} {'p99 step':>9} {'train loss':>10} {'val loss':>9}"
+    ]
+    for row in table.to_dict("records"):
+        okfail = f"{row['runs_ok']}/{row['runs_failed']}"
+        if not row["runs_ok"]:
+            lines.append(f"{row['backend']:<10} {okfail:>7}   FAILED (see the run's run.json / output above)")
+            continue
+        sps = f"{row['samples_per_s']:.1f} ({row['ci_low']:.1f}-{row['ci_high']:.1f})"
+        ratio = (
+            f"{row['ratio']:.2f} ({row['ratio_low']:.2f}-{row['ratio_high']:.2f})"
+            if "ratio" in row and pd.notna(row.get("ratio"))
+            else "-"
+        )
+        lines.append(
+            f"{row['backend']:<10} {okfail:>7} {sps:>26} {ratio:>20} {row['step_p50_s']:>9.4f} "
+            f"{row['step_p99_s']:>9.4f} {row['final_train_loss']:>10.4f} {row['final_val_loss']:>9.4f}"
+        )
+    lines.append(f"loss curves: max abs difference between backends {agreement:.2e}")
+    ok = table[table.runs_ok > 0]
+    if len(ok) >= 2 and "ratio" in ok:
+        first, other = ok.iloc[0], ok.iloc[1]
+        lines.append(
+            stats.verdict(other["backend"], first["backend"], other["ratio"], other["ratio_low"], other["ratio_high"])
+        )
+    return "\n".join(lines)
