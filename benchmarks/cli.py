@@ -91,6 +91,32 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, Path(cfg.out), threads, cfg.run_id)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from benchmarks import plots, report
+
+    formats = {f.strip() for f in args.format.split(",") if f.strip()}
+    if not formats <= {"md", "html"}:
+        print(f"distbench: error: --format takes md and/or html, not {args.format!r}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out = Path(args.out) if args.out else default_report_dir(args.paths)
+    try:
+        print(plots.write(args.paths, out, formats, include_failed=args.include_failed))
+    except (FileNotFoundError, report.SchemaError) as exc:
+        print(f"distbench: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(out)
+    return 0
+
+
+def default_report_dir(paths: Sequence[str]) -> Path:
+    """<dir>/report for one directory, otherwise a fresh results/reports/<time>."""
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        return Path(paths[0]) / "report"
+    import datetime
+
+    return Path("results/reports") / datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from benchmarks import environment
 
@@ -126,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     from benchmarks.compare import DEFAULTS
 
     cmp.set_defaults(func=_cmd_compare, **DEFAULTS)
+
+    rep = sub.add_parser("report", help="tables, plots and report.md/report.html for runs or comparisons")
+    rep.add_argument("paths", nargs="+", help="run directories, compare directories or globs")
+    rep.add_argument("--out", help="output directory (default: <PATH>/report for one directory)")
+    rep.add_argument("--format", default="md,html", help="md, html or md,html (default)")
+    rep.add_argument("--include-failed", action="store_true", help="also load runs whose status is not completed")
+    rep.set_defaults(func=_cmd_report)
 
     doctor = sub.add_parser("doctor", help="print versions and what Horovod was built with")
     doctor.set_defaults(func=_cmd_doctor)

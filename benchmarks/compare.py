@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks import launch, report
+from benchmarks import launch, plots, report
 
 DEFAULT_LAUNCHER = {"ddp": launch.TORCHRUN, "horovod": launch.HOROVODRUN, "single": launch.PYTHON}
 # The embedded default: about a minute on 2 cores, and a communication-heavy model so the two
 # frameworks' allreduce strategies actually differ.
 DEFAULTS = {"workload": "transformer", "epochs": 1, "steps_per_epoch": 20, "warmup_steps": 3,
-            "batch_size": 16, "train_size": 1024, "val_size": 128}  # fmt: skip
+            "batch_size": 16, "train_size": 1024, "val_size": 128, "lr": 0.3}  # fmt: skip
 
 
 @dataclass
@@ -102,8 +102,10 @@ def compare(
             if attempt.returncode:
                 print(f"[compare] {backend} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
             attempts.append(attempt)
-    table = write_comparison(root, attempts)
-    print(table)
+    print(write_comparison(root, attempts))
+    if any(a.returncode == 0 for a in attempts):
+        plots.write([root], root / "report", {"md", "html"})
+        print(f"report: {root / 'report' / 'report.html'}")
     print(root)
     return 0 if all(a.returncode == 0 for a in attempts) else 1
 

@@ -69,7 +69,7 @@ def load_runs(*paths: str | Path, include_failed: bool = True) -> RunSet:
             continue
         row = {key: meta.get(key) for key in RUN_COLUMNS}
         row.update({f"knob_{k}": v for k, v in (meta.get("knobs") or {}).items()})
-        row.update(path=str(run_dir), error=meta.get("error"))
+        row.update(path=str(run_dir), error=meta.get("error"), timed_wall_s=meta.get("timed_wall_s"))
         metas.append(row)
         for name, sink in ((results.TIMING_CSV, timings), (results.LOSS_CSV, losses)):
             if (run_dir / name).is_file():
@@ -86,28 +86,72 @@ def load_runs(*paths: str | Path, include_failed: bool = True) -> RunSet:
 
 
 def per_run_stats(rs: RunSet) -> pd.DataFrame:
-    """Per run: throughput over the timed window, step percentiles (slowest rank per step), rank skew."""
+    """Per run: throughput over the timed window, step percentiles (slowest rank per step), rank skew.
+
+    Throughput is recomputed from the rows: samples of all ranks in non-warm-up steps ÷ the run's
+    timed window (`timed_wall_s` in run.json, also summary.csv's `wall_s`).
+    """
+    timing = rs.timing
+    timed = timing[~timing["warmup"].astype(bool)] if len(timing) else timing
+    if len(timed):
+        slowest = timed.groupby(["run_id", "step"])["step_s"].max()
+        q = slowest.groupby(level="run_id").quantile([0.5, 0.9, 0.95, 0.99]).unstack()
+        samples = timed.groupby("run_id")["samples"].sum()
+        rank_total = timed.groupby(["run_id", "rank"])["step_s"].sum().groupby(level="run_id")
+        skew = rank_total.max() / rank_total.min()
+    else:
+        q, samples, skew = pd.DataFrame(columns=[0.5, 0.9, 0.95, 0.99]), pd.Series(dtype=float), pd.Series(dtype=float)
+    final = _final_losses(rs.loss)
     rows = []
     for run in rs.runs.itertuples():
-        summary_path = Path(run.path) / results.SUMMARY_CSV
-        summary = pd.read_csv(summary_path).iloc[0] if summary_path.is_file() else None
-        timed = (
-            rs.timing[(rs.timing.run_id == run.run_id) & ~rs.timing.warmup.astype(bool)]
-            if len(rs.timing)
-            else pd.DataFrame()
-        )
-        step = timed.groupby("step")["step_s"].max() if len(timed) else pd.Series(dtype=float)
-        per_rank = timed.groupby("rank")["step_s"].sum() if len(timed) else pd.Series(dtype=float)
-        q = np.percentile(step, [50, 90, 95, 99]) if len(step) else [np.nan] * 4
+        rid, wall = run.run_id, run.timed_wall_s
+        has_q = rid in q.index
         rows.append({
-            "run_id": run.run_id, "backend": run.backend, "world_size": run.world_size,
-            "status": run.status, "samples_per_s": summary["samples_per_s"] if summary is not None else np.nan,
-            "step_p50_s": q[0], "step_p90_s": q[1], "step_p95_s": q[2], "step_p99_s": q[3],
-            "rank_skew": per_rank.max() / per_rank.min() if len(per_rank) > 1 else 1.0,
-            "final_train_loss": summary["final_train_loss"] if summary is not None else np.nan,
-            "final_val_loss": summary["final_val_loss"] if summary is not None else np.nan,
+            "run_id": rid, "backend": run.backend, "world_size": run.world_size, "status": run.status,
+            "samples_per_s": samples.get(rid, np.nan) / wall if wall and wall > 0 else np.nan,
+            "step_p50_s": q.loc[rid, 0.5] if has_q else np.nan, "step_p90_s": q.loc[rid, 0.9] if has_q else np.nan,
+            "step_p95_s": q.loc[rid, 0.95] if has_q else np.nan, "step_p99_s": q.loc[rid, 0.99] if has_q else np.nan,
+            "rank_skew": skew.get(rid, np.nan),
+            **final.get(rid, {"final_train_loss": np.nan, "final_val_loss": np.nan, "final_val_accuracy": np.nan}),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _final_losses(loss: pd.DataFrame) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    if not len(loss):
+        return out
+    for (rid, split), rows in loss.groupby(["run_id", "split"], sort=False):
+        last = rows.iloc[-1]
+        entry = out.setdefault(
+            rid, {"final_train_loss": np.nan, "final_val_loss": np.nan, "final_val_accuracy": np.nan}
+        )
+        if split == "train":
+            entry["final_train_loss"] = last["loss"]
+        else:
+            entry["final_val_loss"], entry["final_val_accuracy"] = last["loss"], last["accuracy"]
+    return out
+
+
+def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Speed-up and efficiency vs world size 1, per backend and world size (empty without a baseline)."""
+    ok = per_run[per_run.status == "completed"]
+    base = ok[ok.world_size == 1]["samples_per_s"].mean()
+    if np.isnan(base) or ok.world_size.nunique() < 2:
+        return pd.DataFrame(columns=["backend", "world_size", "samples_per_s", "speedup", "efficiency"])
+    table = ok.groupby(["backend", "world_size"], as_index=False)["samples_per_s"].mean()
+    table["speedup"] = table["samples_per_s"] / base
+    table["efficiency"] = table["speedup"] / table["world_size"]
+    return table
+
+
+def phase_breakdown(rs: RunSet) -> pd.DataFrame:
+    """Mean seconds per timed step in each phase, per backend."""
+    phases = ["data_s", "forward_s", "backward_s", "optimizer_s"]
+    if not len(rs.timing):
+        return pd.DataFrame(columns=["backend", *phases])
+    timed = rs.timing[~rs.timing["warmup"].astype(bool)]
+    return timed.groupby("backend", sort=False)[phases].mean().reset_index()
 
 
 def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,126 @@
+"""Report figures (matplotlib, PNG) and the report.md / self-contained report.html around them."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from benchmarks import report  # noqa: E402
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def throughput(table: pd.DataFrame, path: Path) -> Path:
+    ok = table[table.runs_ok > 0]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    err = [ok.samples_per_s - ok.ci_low, ok.ci_high - ok.samples_per_s]
+    ax.bar(ok.backend, ok.samples_per_s, yerr=err, capsize=6, color=["C0", "C1", "C2", "C3"][: len(ok)])
+    ax.set_ylabel("samples/s (mean, 95% CI)")
+    ax.set_title("Throughput per backend")
+    return _save(fig, path)
+
+
+def step_times(rs: report.RunSet, path: Path) -> Path:
+    timed = rs.timing[~rs.timing["warmup"].astype(bool)]
+    slowest = timed.groupby(["backend", "run_id", "step"], sort=False)["step_s"].max().reset_index()
+    names = list(dict.fromkeys(slowest.backend))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.boxplot([slowest[slowest.backend == b]["step_s"] * 1000 for b in names], showfliers=True)
+    ax.set_xticks(range(1, len(names) + 1), names)
+    ax.set_ylabel("step time, slowest rank (ms)")
+    ax.set_title("Step-time distribution (warm-up excluded)")
+    return _save(fig, path)
+
+
+def loss_curves(rs: report.RunSet, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for i, (backend, rows) in enumerate(rs.loss.groupby("backend", sort=False)):
+        first = rows[rows.run_id == rows.run_id.min()]
+        train, val = first[first.split == "train"], first[first.split == "val"]
+        ax.plot(train.step, train.loss, color=f"C{i}", alpha=0.8, label=f"{backend} train")
+        ax.plot(val.step, val.loss, "o--", color=f"C{i}", label=f"{backend} val")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("Loss curves (first run of each backend)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def scaling_efficiency(table: pd.DataFrame, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for backend, rows in table.groupby("backend", sort=False):
+        ax.plot(rows.world_size, rows.efficiency, "o-", label=backend)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("world size")
+    ax.set_ylabel("scaling efficiency")
+    ax.legend()
+    return _save(fig, path)
+
+
+def phases(table: pd.DataFrame, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bottom = pd.Series(0.0, index=table.index)
+    for column in ("data_s", "forward_s", "backward_s", "optimizer_s"):
+        ax.bar(table.backend, table[column] * 1000, bottom=bottom * 1000, label=column.removesuffix("_s"))
+        bottom += table[column]
+    ax.set_ylabel("mean ms per step")
+    ax.set_title("Where a step's time goes")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    def cell(value: object) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def write(paths: list[str | Path], out: Path, formats: set[str], include_failed: bool = False) -> str:
+    """Write PNGs and report.md/report.html into `out`; return the terminal summary table."""
+    rs = report.load_runs(*paths, include_failed=include_failed)
+    out.mkdir(parents=True, exist_ok=True)
+    per_run = report.per_run_stats(rs)
+    table = report.backend_table(per_run)
+    summary = report.format_table(table, report.loss_agreement(rs))
+    scale = report.scaling(per_run)
+    images = [throughput(table, out / "throughput.png")]
+    if len(rs.timing):
+        images += [step_times(rs, out / "step_times.png"), phases(report.phase_breakdown(rs), out / "phases.png")]
+    if len(rs.loss):
+        images.append(loss_curves(rs, out / "loss_curves.png"))
+    if len(scale):
+        images.append(scaling_efficiency(scale, out / "scaling.png"))
+    tables = {"Per backend": table, "Per run": per_run}
+    if len(scale):
+        tables["Scaling"] = scale
+    if "md" in formats:
+        md = ["# distbench report", "", "```", summary, "```", ""]
+        for title, frame in tables.items():
+            md += [f"## {title}", "", _markdown(frame), ""]
+        md += [f"![{p.stem}]({p.name})" for p in images]
+        (out / "report.md").write_text("\n".join(md) + "\n")
+    if "html" in formats:
+        parts = ["<!doctype html><meta charset='utf-8'><title>distbench report</title>",
+                 "<h1>distbench report</h1>", f"<pre>{html.escape(summary)}</pre>"]  # fmt: skip
+        for title, frame in tables.items():
+            parts += [f"<h2>{html.escape(title)}</h2>", frame.to_html(index=False, float_format="%.4g")]
+        for p in images:
+            data = base64.b64encode(p.read_bytes()).decode()
+            parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")
+        (out / "report.html").write_text("\n".join(parts) + "\n")
+    return summary

@@ -1,0 +1,158 @@
+"""Reports: statistics against hand-computed values, bootstrap coverage, report files, the notebook."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import nbclient
+import nbformat
+import numpy as np
+import pytest
+
+from benchmarks import plots, report, results, stats
+
+from .conftest import REPO
+
+
+def make_run(
+    root: Path,
+    run_id: str,
+    backend: str,
+    step_s: list[list[float]],
+    wall: float,
+    losses: list[float] | None = None,
+    samples: int = 10,
+    warmup: int = 1,
+) -> Path:
+    """A real run directory: step_s[rank][i] is rank's time for step i+1; the first `warmup` are warm-up."""
+    world = len(step_s)
+    meta = {"run_id": run_id, "backend": backend, "launcher": "torchrun", "world_size": world,
+            "workload": "synthetic", "global_batch": samples * world, "threads": 1}  # fmt: skip
+    rec = results.Recorder(root / run_id, meta)
+    timing = [
+        {"run_id": run_id, "backend": backend, "world_size": world, "rank": r, "epoch": 1, "step": i + 1,
+         "warmup": i < warmup, "samples": samples, "data_s": 0.0, "forward_s": t / 2, "backward_s": t / 2,
+         "optimizer_s": 0.0, "step_s": t}
+        for i in range(len(step_s[0])) for r, times in enumerate(step_s) for t in [times[i]]
+    ]  # fmt: skip
+    loss = [
+        {"run_id": run_id, "backend": backend, "world_size": world, "epoch": 1, "step": i + 1, "split": "train",
+         "loss": v, "accuracy": None, "samples": samples * world}
+        for i, v in enumerate(losses or [1.0] * len(step_s[0]))
+    ]  # fmt: skip
+    rec.timing(timing)
+    rec.loss(loss)
+    rec.summary(results.summarize(rec.meta, timing, loss, wall))
+    rec.finish("completed", timed_wall_s=wall)
+    return root / run_id
+
+
+def test_per_run_statistics_match_hand_computed_values(tmp_path) -> None:
+    # Two ranks, 5 steps, the first is warm-up. Slowest rank per timed step: 0.2, 0.4, 0.3, 0.5.
+    make_run(tmp_path, "a", "ddp", [[9.0, 0.2, 0.1, 0.3, 0.5], [9.0, 0.1, 0.4, 0.2, 0.1]], wall=2.0)
+    row = report.per_run_stats(report.load_runs(tmp_path)).iloc[0]
+    assert row.samples_per_s == pytest.approx(4 * 2 * 10 / 2.0)  # timed samples of both ranks ÷ wall
+    assert row.step_p50_s == pytest.approx(0.35)  # median of 0.2, 0.3, 0.4, 0.5
+    assert row.step_p90_s == pytest.approx(0.47)  # linear interpolation: 0.4 + 0.7 × 0.1
+    assert row.step_p99_s == pytest.approx(0.497)
+    assert row.rank_skew == pytest.approx(1.1 / 0.8)  # rank 0 sums 1.1 s, rank 1 0.8 s
+
+
+def test_mean_ci_matches_student_t() -> None:
+    mean, lo, hi = stats.mean_ci([1.0, 2.0, 3.0])
+    half = 4.302652729911275 / np.sqrt(3)  # t(0.975, 2) × s/√n with s = 1
+    assert (mean, lo, hi) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
+
+
+def _repeats(tmp_path: Path, walls: dict[str, list[float]]) -> report.RunSet:
+    for backend, values in walls.items():
+        for i, wall in enumerate(values):
+            make_run(tmp_path, f"{backend}-r{i}", backend, [[1.0, 0.1, 0.1]], wall=wall)
+    return report.load_runs(tmp_path)
+
+
+def test_clear_difference_is_called(tmp_path) -> None:
+    # 2 timed steps × 10 samples: throughput 20/wall. ddp 100/s-ish, horovod 150/s-ish.
+    rs = _repeats(tmp_path, {"ddp": [0.2, 0.2 / 1.02, 0.2 / 0.98], "horovod": [0.2 / 1.5, 0.2 / 1.52, 0.2 / 1.48]})
+    table = report.backend_table(report.per_run_stats(rs)).set_index("backend")
+    assert table.loc["ddp", "samples_per_s"] == pytest.approx(100.0)
+    assert table.loc["horovod", "ratio"] == pytest.approx(1.5)
+    assert table.loc["horovod", "ratio_low"] > 1.0
+    text = report.format_table(table.reset_index(), 0.0)
+    assert "horovod is 1.50× ddp" in text
+
+
+def test_no_difference_is_called(tmp_path) -> None:
+    rs = _repeats(tmp_path, {"ddp": [0.2, 0.2 / 1.1, 0.2 / 0.9], "horovod": [0.2 / 1.01, 0.2 / 0.95, 0.2 / 1.08]})
+    table = report.backend_table(report.per_run_stats(rs))
+    assert "no significant difference between horovod and ddp" in report.format_table(table, 0.0)
+
+
+def test_bootstrap_ratio_ci_covers_the_true_ratio() -> None:
+    rng = np.random.default_rng(1)
+    covered = 0
+    trials = 200
+    for trial in range(trials):
+        a, b = rng.normal(200, 20, 12), rng.normal(100, 10, 12)  # true ratio 2
+        _, lo, hi = stats.bootstrap_ratio_ci(a, b, resamples=2000, seed=trial)
+        covered += lo <= 2.0 <= hi
+    assert covered / trials >= 0.88, covered / trials
+
+
+def test_scaling_efficiency(tmp_path) -> None:
+    make_run(tmp_path, "w1", "single", [[1.0, 0.1, 0.1]], wall=0.2)  # 20 samples / 0.2 s = 100/s
+    make_run(tmp_path, "w2", "ddp", [[1.0, 0.1, 0.1], [1.0, 0.1, 0.1]], wall=40 / 180)  # 180/s
+    table = report.scaling(report.per_run_stats(report.load_runs(tmp_path))).set_index("world_size")
+    assert table.loc[2, "speedup"] == pytest.approx(1.8)
+    assert table.loc[2, "efficiency"] == pytest.approx(0.9)
+
+
+def test_loss_agreement(tmp_path) -> None:
+    make_run(tmp_path, "a", "ddp", [[1.0, 0.1, 0.1]], wall=1.0, losses=[1.0, 0.8, 0.6])
+    make_run(tmp_path, "b", "horovod", [[1.0, 0.1, 0.1]], wall=1.0, losses=[1.0, 0.85, 0.6])
+    assert report.loss_agreement(report.load_runs(tmp_path)) == pytest.approx(0.05)
+
+
+def test_unknown_schema_version_is_refused(tmp_path) -> None:
+    run = make_run(tmp_path, "a", "ddp", [[1.0, 0.1]], wall=1.0)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "schema_version": 99}))
+    with pytest.raises(report.SchemaError, match="schema_version 99"):
+        report.load_runs(tmp_path)
+
+
+def test_report_files_embed_their_images(tmp_path) -> None:
+    _repeats(tmp_path / "runs", {"ddp": [0.2, 0.21], "horovod": [0.3, 0.31]})
+    summary = plots.write([tmp_path / "runs"], tmp_path / "out", {"md", "html"})
+    assert "ddp" in summary and "horovod" in summary
+    pngs = sorted((tmp_path / "out").glob("*.png"))
+    assert {p.stem for p in pngs} >= {"throughput", "step_times", "loss_curves", "phases"}
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(pngs)
+    for png in pngs:
+        assert base64.b64encode(png.read_bytes()).decode()[:200] in html
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert all(f"]({p.name})" in md for p in pngs)
+
+
+@pytest.mark.timeout(180)
+def test_notebook_executes_against_the_reference_data() -> None:
+    notebook = nbformat.read(REPO / "results" / "compare.ipynb", as_version=4)
+    client = nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(REPO / "results")}})  # fmt: skip
+    client.execute()
+    outputs = "".join(str(o) for cell in notebook.cells for o in cell.get("outputs", []))
+    assert "image/png" in outputs and "samples/s" in outputs
+
+
+@pytest.mark.timeout(120)
+def test_report_command_on_the_reference_comparison(tmp_path) -> None:
+    from .conftest import BIN, run_ok
+
+    proc = run_ok([str(BIN / "distbench"), "report", str(REPO / "results/reference/2026-11-29-cpu-2core"),
+                   "--out", str(tmp_path), "--format", "html"])  # fmt: skip
+    assert proc.stdout.strip().splitlines()[-1] == str(tmp_path)
+    assert "samples/s" in proc.stdout and (tmp_path / "report.html").is_file()
+    assert not (tmp_path / "report.md").exists()
