@@ -27,6 +27,11 @@ class Backend(ABC):
         self.run, self.ddp, self.hvd, self.launch = run, ddp, hvd, launch
         self.device = torch.device("cpu")
 
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise InputError, naming the fix, when the framework is not installed."""
+        return None
+
     # --- lifetime ------------------------------------------------------------------------------
     @abstractmethod
     def init(self) -> None:

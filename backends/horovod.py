@@ -10,6 +10,7 @@ from torch import nn
 
 from backends.base import Backend, ReduceOp
 from benchmarks import launch
+from benchmarks.config import InputError
 
 INSTALL_HINT = "Horovod is not installed with PyTorch support; run `make setup` or docker/install-horovod.sh"
 
@@ -26,11 +27,21 @@ class HorovodBackend(Backend):
     name = "horovod"
     launchers = (launch.HOROVODRUN, launch.MPIRUN, launch.PYTHON)
 
+    @classmethod
+    def check_available(cls) -> None:
+        try:
+            import_horovod()
+        except RuntimeError as exc:
+            raise InputError(str(exc)) from exc
+
     def init(self) -> None:
         # Horovod: knobs are read from the environment at hvd.init().
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.hvd.fusion_threshold_mb * 1024 * 1024))
         os.environ["HOROVOD_CYCLE_TIME"] = str(self.hvd.cycle_time_ms)
-        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(int(self.run.timeout))
+        # Horovod: bound every wait by --timeout; a stalled rank ends the job instead of warning forever.
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, int(self.run.timeout)))
+        os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, int(self.run.timeout / 2)))
+        os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(max(2, int(self.run.timeout)))
         self.hvd_module = hvd = import_horovod()
         hvd.init()  # Horovod: join the job (gloo or MPI controller, whichever the launcher set up)
         if self.run.device == "cuda":

@@ -17,13 +17,9 @@ from pathlib import Path
 
 import backends
 from benchmarks import config
-from benchmarks.config import DDPConfig, HorovodConfig, RunConfig
+from benchmarks.config import DDPConfig, HorovodConfig, InputError, RunConfig
 
 EXIT_BAD_INPUT = 2
-
-
-class InputError(ValueError):
-    """Bad input caught before any work: one line, exit code 2, no result files."""
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +40,13 @@ def validate(backend: str, cfg: RunConfig) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if cfg.warmup_steps < 0 or cfg.timeout <= 0:
         raise InputError("--warmup-steps must be >= 0 and --timeout > 0")
+    if cfg.inject_fault:
+        from benchmarks import faults
+
+        try:
+            faults.Fault.parse(cfg.inject_fault)
+        except ValueError as exc:
+            raise InputError(str(exc)) from exc
     if cfg.device == "cuda":
         import torch
 
@@ -76,8 +79,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     try:
         if args.nproc < 1 or args.repeats < 1:
             raise InputError("--nproc and --repeats must be positive integers")
+        if not names:
+            raise InputError("--backends is empty; e.g. --backends ddp,horovod")
         for name in names:
             validate(name, cfg)
+            harness.load_checked_workload(cfg, 1 if name == "single" else args.nproc)
+        root = compare.make_compare_dir(Path(cfg.out), cfg.run_id)
     except InputError as exc:
         print(f"distbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -88,7 +95,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         *config.to_argv(config.from_namespace(HorovodConfig, args)),
     ]
     threads = cfg.threads or harness.default_threads(args.nproc)
-    return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, Path(cfg.out), threads, cfg.run_id)
+    return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, root, threads)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

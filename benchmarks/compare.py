@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks import launch, plots, report
+from benchmarks import launch, plots, report, results
+from benchmarks.config import InputError
 
 DEFAULT_LAUNCHER = {"ddp": launch.TORCHRUN, "horovod": launch.HOROVODRUN, "single": launch.PYTHON}
 # The embedded default: about a minute on 2 cores, and a communication-heavy model so the two
@@ -57,19 +58,21 @@ def new_compare_id() -> str:
     return f"{stamp}-compare-{secrets.token_hex(2)}"
 
 
-def compare(
-    backends: list[str],
-    nproc: int,
-    repeats: int,
-    launcher: str | None,
-    run_argv: list[str],
-    out: Path,
-    threads: int,
-    compare_id: str | None = None,
-) -> int:
-    """Run every (repeat, backend), write comparison.csv, print the table; 0 only if all succeeded."""
+def make_compare_dir(out: Path, compare_id: str | None) -> Path:
     root = out / (compare_id or new_compare_id())
-    root.mkdir(parents=True, exist_ok=False)
+    try:
+        root.mkdir(parents=True, exist_ok=False)
+    except FileExistsError as exc:
+        raise InputError(f"{root} already exists; choose another --run-id") from exc
+    except OSError as exc:
+        raise InputError(f"cannot write to --out {out} ({exc.strerror}); choose a writable --out") from exc
+    return root
+
+
+def compare(
+    backends: list[str], nproc: int, repeats: int, launcher: str | None, run_argv: list[str], root: Path, threads: int
+) -> int:
+    """Run every (repeat, backend) into `root`, write comparison.csv, print the table; 0 only if all succeeded."""
     # The same OpenMP setting under every launcher (torchrun alone would force 1).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     attempts = []
@@ -99,6 +102,7 @@ def compare(
             except FileNotFoundError as exc:
                 print(f"[compare] cannot start {backend}: {exc}", file=sys.stderr)
                 attempt.returncode = 127
+            results.mark_abandoned(root / run_id, f"the job exited {attempt.returncode} before the run completed")
             if attempt.returncode:
                 print(f"[compare] {backend} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
             attempts.append(attempt)

@@ -38,6 +38,10 @@ class RunConfig:
     fp16_allreduce: bool = _opt(False, "compress gradients to fp16 for the allreduce (both backends)")
     timeout: float = _opt(300.0, "seconds a rank may wait in start-up or a collective before failing")
     quiet: bool = _opt(False, "no progress bar")
+    overwrite: bool = _opt(False, "replace an existing run directory of the same --run-id")
+    inject_fault: str | None = _opt(
+        None, "testing: fail as MODE@STEP[:RANK], MODE one of exception, exit0, exit1, abort, sigkill, sigterm, hang"
+    )
 
 
 @dataclass
@@ -59,6 +63,10 @@ class HorovodConfig:
     fusion_threshold_mb: float = _opt(128.0, "Horovod tensor-fusion buffer in MB (HOROVOD_FUSION_THRESHOLD)")
     cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME)")
     hvd_op: str = _opt("average", "Horovod reduction op", choices=("average", "adasum"))
+
+
+class InputError(ValueError):
+    """Bad input caught before any work: one line naming the fix, exit code 2, no result files."""
 
 
 SECTIONS: tuple[type, ...] = (RunConfig, DDPConfig, HorovodConfig)

@@ -18,6 +18,7 @@ import datetime
 import os
 import re
 import secrets
+import shutil
 import socket
 import sys
 import time
@@ -29,8 +30,8 @@ from tqdm import tqdm
 
 import backends
 from backends.base import Backend
-from benchmarks import environment, launch, results, sharding, workloads
-from benchmarks.config import DDPConfig, HorovodConfig, RunConfig
+from benchmarks import environment, faults, guard, launch, results, sharding, workloads
+from benchmarks.config import DDPConfig, HorovodConfig, InputError, RunConfig
 
 
 def _now() -> str:
@@ -52,9 +53,16 @@ class Trainer:
     """Trains and validates one workload on one backend; rank 0 records."""
 
     def __init__(
-        self, backend: Backend, workload: workloads.Workload, cfg: RunConfig, recorder: results.Recorder | None
+        self,
+        backend: Backend,
+        workload: workloads.Workload,
+        cfg: RunConfig,
+        recorder: results.Recorder | None,
+        fault: faults.Fault | None = None,
+        watchdog: guard.Watchdog | None = None,
     ) -> None:
-        self.backend, self.workload, self.cfg, self.recorder = backend, workload, cfg, recorder
+        self.watchdog = watchdog
+        self.backend, self.workload, self.cfg, self.recorder, self.fault = backend, workload, cfg, recorder, fault
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
         self.raw_model = workload.build_model().to(self.device)
@@ -66,6 +74,10 @@ class Trainer:
         self.global_step = 0
         self.timed_wall_s = 0.0
         self.progress: tqdm | None = None
+
+    def _beat(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -173,6 +185,7 @@ class Trainer:
             if self.workload.correct is not None:
                 totals[1] += self.workload.correct(out, y).double().sum()
             totals[2] += len(batch)
+            self._beat()
         self.raw_model.train()
         loss_sum, correct_sum, count = self.backend.all_reduce(totals, "sum").tolist()
         meta = self.recorder.meta if self.recorder else {}
@@ -199,10 +212,13 @@ class Trainer:
             flush_s = 0.0
             for step in steps:
                 self.global_step += 1
+                if self.fault is not None:
+                    self.fault.maybe_fire(self.global_step, self.backend.rank)
                 if window_start is None and self.global_step > cfg.warmup_steps:
                     self.backend.barrier()  # all ranks enter the timed window together
                     window_start = time.perf_counter()
                 self.pending.append(self.train_step(step, epoch))
+                self._beat()
                 self.progress.update()
                 if len(self.pending) >= cfg.flush_every:
                     t0 = time.perf_counter()
@@ -212,6 +228,7 @@ class Trainer:
                 self.backend.barrier()
                 self.timed_wall_s += time.perf_counter() - window_start - flush_s
             self.flush()
+            self._beat()
             val = self.validate(epoch)
             if self.recorder is not None:
                 self.recorder.loss([val])
@@ -222,17 +239,36 @@ class Trainer:
 def _open_recorder(backend: Backend, cfg: RunConfig, meta: dict[str, Any]) -> results.Recorder | None:
     """Rank 0 creates the run directory; every rank learns whether that worked, so none hangs."""
     recorder, error = None, None
+    run_dir = Path(cfg.out) / meta["run_id"]
     if backend.rank == 0:
         try:
-            recorder = results.Recorder(Path(cfg.out) / meta["run_id"], meta)
+            if cfg.overwrite and run_dir.exists():
+                shutil.rmtree(run_dir)
+            recorder = results.Recorder(run_dir, meta)
         except FileExistsError:
-            error = f"run directory {Path(cfg.out) / meta['run_id']} already exists; choose another --run-id"
+            error = f"run directory {run_dir} already exists; choose another --run-id or pass --overwrite"
         except OSError as exc:
-            error = f"cannot write to --out {cfg.out}: {exc.strerror}"
+            error = f"cannot write to --out {cfg.out} ({exc.strerror}); choose a writable --out"
     error = backend.broadcast_object(error)
     if error:
-        raise RuntimeError(error)
+        raise InputError(error)
     return recorder
+
+
+def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload:
+    """The workload, or an InputError when it cannot be built or gives a rank no full batch."""
+    try:
+        workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    shard = len(workload.train[0]) // world_size
+    if shard < cfg.batch_size * cfg.accumulate:
+        raise InputError(
+            f"--batch-size {cfg.batch_size} × --accumulate {cfg.accumulate} is larger than each rank's share "
+            f"of the {len(workload.train[0])} training samples ({shard} on {world_size} ranks); "
+            "lower --batch-size or raise --train-size"
+        )
+    return workload
 
 
 def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -> Path | None:
@@ -240,15 +276,32 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
     info = launch.detect()
     backend_cls = backends.get(backend_name)
     launch.check_supported(backend_name, backend_cls.launchers, info)
+    workload = load_checked_workload(cfg, info.world_size)
+    backend_cls.check_available()
+    fault = faults.Fault.parse(cfg.inject_fault) if cfg.inject_fault else None
     threads = cfg.threads or default_threads(info.local_world_size)
     torch.set_num_threads(threads)
     started = _now()
     backend = backend_cls(cfg, ddp, hvd, info)
+    recorder: results.Recorder | None = None
+    run_dir: Path | None = None
+
+    def record_failure(error: str) -> None:
+        if recorder is not None and recorder.meta["status"] == "running":
+            notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != backend.rank]
+            root = notes[0] if notes else {"rank": backend.rank, "error": error}
+            recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
+                            rank0_error=error)  # fmt: skip
+        elif run_dir is not None and backend.rank != 0:
+            guard.write_failure_note(run_dir, backend.rank, error)
+
+    guard.install_sigterm_watcher(lambda: record_failure("terminated by SIGTERM (a launcher stopping the job)"))
+    watchdog = guard.Watchdog(cfg.timeout, record_failure)  # its grace lets collectives' own timeouts fire first
     backend.init()
-    recorder = None
+    watchdog.beat()
     try:
-        workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
+        run_dir = Path(cfg.out) / run_id
         hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
         meta = {
             "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
@@ -261,9 +314,10 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
             "optimizer": {"name": "SGD", "lr": cfg.lr, "momentum": 0.9},
             "versions": {**environment.versions(), **backend.versions()},
             "hosts": hosts, "command": sys.argv, "start_time": started,
+            "host": socket.gethostname(), "pid": os.getpid(),
         }  # fmt: skip
         recorder = _open_recorder(backend, cfg, meta)
-        trainer = Trainer(backend, workload, cfg, recorder)
+        trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         if recorder is not None:
             recorder.meta["knobs"] = backend.describe()
         trainer.fit()
@@ -275,8 +329,10 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
             return recorder.run_dir
         return None
     except BaseException as exc:
-        if recorder is not None:
-            recorder.finish("failed", end_time=_now(), error=f"{type(exc).__name__}: {exc}", failed_rank=backend.rank)
+        if not isinstance(exc, InputError):
+            record_failure(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         raise
     finally:
+        watchdog.beat()  # shutting down may wait on peers too; give it a full timeout
         backend.shutdown()
+        watchdog.stop()

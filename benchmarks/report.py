@@ -65,6 +65,7 @@ def load_runs(*paths: str | Path, include_failed: bool = True) -> RunSet:
     metas, timings, losses = [], [], []
     for run_dir in dirs:
         meta = read_meta(run_dir)
+        meta["status"] = results.effective_status(meta)
         if meta["status"] != "completed" and not include_failed:
             continue
         row = {key: meta.get(key) for key in RUN_COLUMNS}

@@ -9,13 +9,17 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import tempfile
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks import guard
 
 SCHEMA_VERSION = 1
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
@@ -48,6 +52,7 @@ class Recorder:
 
     def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
         self.run_dir = run_dir
+        self.lock = threading.Lock()  # the SIGTERM watcher thread may finish the run mid-write
         self.meta = {"schema_version": SCHEMA_VERSION, **meta, "status": "running"}
         run_dir.mkdir(parents=True, exist_ok=False)
         write_json_atomic(run_dir / RUN_JSON, self.meta)
@@ -55,7 +60,7 @@ class Recorder:
             self._append(name, columns, [], header=True)
 
     def _append(self, name: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], header: bool = False) -> None:
-        with open(self.run_dir / name, "a", newline="") as handle:
+        with self.lock, open(self.run_dir / name, "a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="raise")
             if header:
                 writer.writeheader()
@@ -73,8 +78,29 @@ class Recorder:
         self._append(SUMMARY_CSV, SUMMARY_COLUMNS, [row], header=True)
 
     def finish(self, status: str, **extra: Any) -> None:
-        self.meta.update(status=status, **extra)
-        write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+        with self.lock:
+            self.meta.update(status=status, **extra)
+            write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+
+
+def effective_status(meta: dict[str, Any]) -> str:
+    """`status`, except that a run left `running` by a process that no longer exists is `failed`."""
+    status = meta.get("status", "missing")
+    if status == "running" and meta.get("host") == socket.gethostname() and meta.get("pid"):
+        if not guard.pid_alive(int(meta["pid"])):
+            return "failed"
+    return status
+
+
+def mark_abandoned(run_dir: Path, reason: str) -> None:
+    """Record as failed a run whose job ended while run.json still said `running` (e.g. rank 0 SIGKILLed)."""
+    path = run_dir / RUN_JSON
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if meta.get("status") == "running":
+        write_json_atomic(path, {**meta, "status": "failed", "error": reason})
 
 
 def summarize(

@@ -1,0 +1,109 @@
+"""Nothing lost on failure: a failed or killed run is recorded as `failed`, never left `running`.
+
+- SIGTERM (what torchrun, horovodrun and mpirun send to the survivors when a rank dies) is noticed by
+  a watcher thread even while the main thread is blocked inside a collective; it records the failure
+  and exits 143.
+- A watchdog ends a rank that makes no progress for --timeout seconds, whatever it is waiting on.
+- A rank other than 0 that fails with an exception leaves a note beside the run (when it can see the
+  run directory), so rank 0 can name the root cause and the failing rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+FAILURE_NOTE = "failure-rank{rank}.json"
+_wakeup_sockets: list[socket.socket] = []  # kept alive for the process: the signal machinery writes to one
+
+
+class Terminated(RuntimeError):
+    """The launcher (or a user) sent SIGTERM."""
+
+
+def install_sigterm_watcher(on_terminate: Callable[[], None]) -> None:
+    """Call `on_terminate` from a thread when SIGTERM arrives, then exit 143 if the main thread has not."""
+    read_end, write_end = socket.socketpair()
+    read_end.setblocking(True)
+    write_end.setblocking(False)
+    _wakeup_sockets.extend((read_end, write_end))
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated("terminated by SIGTERM (the launcher stops every rank when one fails)")
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            data = read_end.recv(64)
+            if signal.SIGTERM in data:
+                on_terminate()
+                os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="distbench-sigterm", daemon=True).start()
+
+
+def write_failure_note(run_dir: Path, rank: int, error: str) -> None:
+    """Best effort: the run directory may live on a file system this rank cannot see."""
+    try:
+        if run_dir.is_dir():
+            note = {"rank": rank, "host": socket.gethostname(), "error": error}
+            (run_dir / FAILURE_NOTE.format(rank=rank)).write_text(json.dumps(note) + "\n")
+    except OSError:
+        pass
+
+
+def read_failure_notes(run_dir: Path) -> list[dict[str, Any]]:
+    notes = []
+    for path in sorted(run_dir.glob(FAILURE_NOTE.format(rank="*"))):
+        try:
+            notes.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return notes
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Watchdog:
+    """Ends the process when the main thread makes no progress for `timeout` seconds.
+
+    Collective timeouts do not cover every stall (Horovod with the Gloo controller waits forever for a
+    rank that hangs in Python), so the harness calls `beat()` after each step, gather and validation
+    batch; a rank that stops beating records why and exits 1, and the launcher stops the rest.
+    """
+
+    def __init__(self, timeout: float, on_expire: Callable[[str], None], grace: float = 5.0) -> None:
+        self.timeout, self.grace, self.on_expire = timeout, grace, on_expire
+        self.last = time.monotonic()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._watch, name="distbench-watchdog", daemon=True).start()
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(min(1.0, self.timeout / 4 + 0.01)):
+            idle = time.monotonic() - self.last
+            if idle > self.timeout + self.grace:
+                self.on_expire(f"no progress for {idle:.0f}s (--timeout {self.timeout:g}): a rank is hung or dead")
+                os._exit(1)
