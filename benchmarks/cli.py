@@ -55,7 +55,7 @@ def validate(backend: str, cfg: RunConfig) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from benchmarks import harness, launch
+    from benchmarks import harness, launch, results
 
     cfg = config.from_namespace(RunConfig, args)
     try:
@@ -66,6 +66,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (InputError, launch.WrongLauncherError) as exc:
         print(f"distbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except results.ResultsWriteError as exc:
+        print(f"distbench: error: {exc.strerror}", file=sys.stderr)
+        return 1
     if run_dir is not None:
         print(run_dir)
     return 0
@@ -124,6 +127,25 @@ def default_report_dir(paths: Sequence[str]) -> Path:
     return Path("results/reports") / datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    from benchmarks import check, report
+
+    dirs = report.find_run_dirs(*args.paths)
+    if not dirs:
+        print(f"distbench: error: no run directories (with run.json) under {' '.join(args.paths)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    bad = 0
+    for run_dir in dirs:
+        problems = check.check_run(run_dir)
+        bad += bool(problems)
+        for problem in problems:
+            print(problem)
+        if not problems:
+            print(f"ok: {run_dir}")
+    print(f"{len(dirs) - bad} of {len(dirs)} runs pass")
+    return 1 if bad else 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from benchmarks import environment
 
@@ -166,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--format", default="md,html", help="md, html or md,html (default)")
     rep.add_argument("--include-failed", action="store_true", help="also load runs whose status is not completed")
     rep.set_defaults(func=_cmd_report)
+
+    chk = sub.add_parser("check", help="validate run directories against the CSV contract")
+    chk.add_argument("paths", nargs="+", help="run directories, compare directories or globs")
+    chk.set_defaults(func=_cmd_check)
 
     doctor = sub.add_parser("doctor", help="print versions and what Horovod was built with")
     doctor.set_defaults(func=_cmd_doctor)

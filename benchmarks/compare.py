@@ -117,7 +117,7 @@ def compare(
 def write_comparison(root: Path, attempts: list[Attempt]) -> str:
     """comparison.csv (one row per run, failures included) and the terminal table."""
     found = report.find_run_dirs(root)
-    rs = report.load_runs(root) if found else None
+    rs = report.load_runs(root, include_failed=True) if found else None
     per_run = report.per_run_stats(rs) if rs is not None else pd.DataFrame(columns=["run_id"])
     rows = []
     for a in attempts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -93,6 +94,8 @@ def _markdown(frame: pd.DataFrame) -> str:
 def write(paths: list[str | Path], out: Path, formats: set[str], include_failed: bool = False) -> str:
     """Write PNGs and report.md/report.html into `out`; return the terminal summary table."""
     rs = report.load_runs(*paths, include_failed=include_failed)
+    for line in rs.skipped:
+        print(f"distbench: left out {line} (--include-failed takes it)", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     per_run = report.per_run_stats(rs)
     table = report.backend_table(per_run)

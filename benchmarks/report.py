@@ -8,6 +8,7 @@ per_run_stats(rs); backend_table(per_run_stats(rs)); loss_agreement(rs)
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 from dataclasses import dataclass
@@ -16,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks import results, stats
+from benchmarks import check, results, stats
 
-KNOWN_SCHEMAS = {1}
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
 
 
@@ -32,6 +32,8 @@ class RunSet:
     """One row per run: run.json's main fields, the knobs flattened as knob_*, and `path`."""
     timing: pd.DataFrame
     loss: pd.DataFrame
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    """Runs left out, with the reason: not completed, or failing `distbench check`."""
 
 
 def find_run_dirs(*paths: str | Path) -> list[Path]:
@@ -49,32 +51,46 @@ def find_run_dirs(*paths: str | Path) -> list[Path]:
 
 def read_meta(run_dir: Path) -> dict:
     meta = json.loads((run_dir / results.RUN_JSON).read_text())
-    if meta.get("schema_version") not in KNOWN_SCHEMAS:
+    if meta.get("schema_version") not in results.KNOWN_SCHEMAS:
         raise SchemaError(
             f"{run_dir / results.RUN_JSON}: schema_version {meta.get('schema_version')!r} is not one of "
-            f"{sorted(KNOWN_SCHEMAS)}; upgrade distbench to read it"
+            f"{sorted(results.KNOWN_SCHEMAS)}; upgrade distbench to read it"
         )
     return meta
 
 
-def load_runs(*paths: str | Path, include_failed: bool = True) -> RunSet:
-    """Load runs into tidy frames; timing and loss rows carry their run's metadata."""
+def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
+    """Load runs into tidy frames; timing and loss rows carry their run's metadata.
+
+    Runs that did not complete, or that fail `distbench check`, are left out (and listed in
+    `skipped`) unless `include_failed`.
+    """
     dirs = find_run_dirs(*paths)
     if not dirs:
         raise FileNotFoundError(f"no run directories (with {results.RUN_JSON}) under {', '.join(map(str, paths))}")
-    metas, timings, losses = [], [], []
+    metas, timings, losses, skipped = [], [], [], []
     for run_dir in dirs:
         meta = read_meta(run_dir)
         meta["status"] = results.effective_status(meta)
-        if meta["status"] != "completed" and not include_failed:
+        frames = check.read_frames(run_dir)
+        problems = check.check_frames(run_dir, meta, frames)
+        if not include_failed and (meta["status"] != "completed" or problems):
+            why = f"status {meta['status']}" if meta["status"] != "completed" else f"{len(problems)} check problems"
+            skipped.append(f"{run_dir}: {why}")
             continue
         row = {key: meta.get(key) for key in RUN_COLUMNS}
         row.update({f"knob_{k}": v for k, v in (meta.get("knobs") or {}).items()})
         row.update(path=str(run_dir), error=meta.get("error"), timed_wall_s=meta.get("timed_wall_s"))
         metas.append(row)
         for name, sink in ((results.TIMING_CSV, timings), (results.LOSS_CSV, losses)):
-            if (run_dir / name).is_file():
-                sink.append(pd.read_csv(run_dir / name))
+            frame_, _ = frames[name]
+            if frame_ is not None and len(frame_.columns) and "run_id" in frame_:
+                sink.append(frame_)
+    if not metas:
+        raise FileNotFoundError(
+            f"no usable runs under {', '.join(map(str, paths))} ({'; '.join(skipped)}); "
+            "pass --include-failed to load them anyway"
+        )
     runs = pd.DataFrame(metas)
     join = ["run_id", "launcher", "workload", "status"]
 
@@ -83,7 +99,7 @@ def load_runs(*paths: str | Path, include_failed: bool = True) -> RunSet:
             return pd.DataFrame()
         return pd.concat(parts, ignore_index=True).merge(runs[join], on="run_id", how="left")
 
-    return RunSet(runs=runs, timing=frame(timings), loss=frame(losses))
+    return RunSet(runs=runs, timing=frame(timings), loss=frame(losses), skipped=skipped)
 
 
 def per_run_stats(rs: RunSet) -> pd.DataFrame:

@@ -6,7 +6,9 @@ Columns are stable; new ones are added at the end and SCHEMA_VERSION is bumped.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import socket
@@ -22,6 +24,7 @@ import numpy as np
 from benchmarks import guard
 
 SCHEMA_VERSION = 1
+KNOWN_SCHEMAS = frozenset({1})
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
 
 TIMING_COLUMNS = (
@@ -34,6 +37,13 @@ SUMMARY_COLUMNS = (
     "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
     "final_val_accuracy", "wall_s",
 )  # fmt: skip
+
+
+class ResultsWriteError(OSError):
+    """A result file could not be written (disk full, read-only file system, quota)."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(exc.errno, f"cannot write {path}: {exc.strerror}; free space or choose another --out")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -60,13 +70,25 @@ class Recorder:
             self._append(name, columns, [], header=True)
 
     def _append(self, name: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], header: bool = False) -> None:
-        with self.lock, open(self.run_dir / name, "a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="raise")
-            if header:
-                writer.writeheader()
-            writer.writerows(rows)
-            handle.flush()
-            os.fsync(handle.fileno())
+        """Append whole lines: a write that fails part-way (disk full) is cut back to the last whole row."""
+        buffer = io.StringIO(newline="")
+        writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="raise", lineterminator="\n")
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
+        data = buffer.getvalue().encode()
+        path = self.run_dir / name
+        with self.lock, open(path, "ab", buffering=0) as handle:
+            start = handle.seek(0, os.SEEK_END)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[handle.write(view) :]
+                os.fsync(handle.fileno())
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(handle.fileno(), start)
+                raise ResultsWriteError(path, exc) from exc
 
     def timing(self, rows: Iterable[dict[str, Any]]) -> None:
         self._append(TIMING_CSV, TIMING_COLUMNS, rows)

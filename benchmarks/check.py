@@ -1,0 +1,163 @@
+"""`distbench check`: validate run directories against the CSV contract, naming file and line.
+
+Checks: run.json parses, has a known `schema_version`, the required keys and a status (a run left
+`running` by a dead process is reported); every CSV has the contract's header, whole lines (a
+truncated last line is caught), values of the right type, no duplicate (rank, epoch, step), steps in
+order per rank; and for a completed run, `summary.csv` has one row whose throughput is recomputable
+from the timing rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from benchmarks import results
+
+REQUIRED_META = ("schema_version", "run_id", "backend", "launcher", "world_size", "workload", "status")
+STATUSES = ("running", "completed", "failed")
+INT_COLUMNS = {
+    results.TIMING_CSV: ("world_size", "rank", "epoch", "step", "samples"),
+    results.LOSS_CSV: ("world_size", "epoch", "step", "samples"),
+}
+SECONDS = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
+MAX_LINES_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}" if self.line else f"{self.path}: {self.message}"
+
+
+def _lines(path: Path, mask: pd.Series, message: str) -> list[Problem]:
+    """One problem per offending row (file line = row index + 2), the first few shown."""
+    rows = np.flatnonzero(mask.to_numpy())
+    problems = [Problem(path, int(i) + 2, message) for i in rows[:MAX_LINES_SHOWN]]
+    if len(rows) > MAX_LINES_SHOWN:
+        problems.append(Problem(path, None, f"{message}: {len(rows) - MAX_LINES_SHOWN} more lines"))
+    return problems
+
+
+def read_frame(path: Path) -> tuple[pd.DataFrame | None, list[Problem]]:
+    """Parse a CSV; a file that does not end in a newline has a torn last line."""
+    if not path.is_file():
+        return None, [Problem(path, None, "missing")]
+    problems = []
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        size = handle.tell()
+        if size:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":
+                lines = sum(1 for _ in open(path, "rb"))
+                problems.append(Problem(path, lines, "truncated last line (no newline): the writer died mid-row"))
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        return None, [*problems, Problem(path, None, f"cannot be parsed: {exc}")]
+    return frame, problems
+
+
+def frame_problems(path: Path, frame: pd.DataFrame, columns: tuple[str, ...], meta: dict[str, Any]) -> list[Problem]:
+    if tuple(frame.columns) != columns:
+        return [Problem(path, 1, f"header is {','.join(map(str, frame.columns))}; expected {','.join(columns)}")]
+    problems: list[Problem] = []
+    for column in ("run_id", "backend"):
+        problems += _lines(path, frame[column].astype(str) != str(meta.get(column)), f"{column} differs from run.json")
+    for column in INT_COLUMNS.get(path.name, ()):
+        values = pd.to_numeric(frame[column], errors="coerce")
+        problems += _lines(path, values.isna() | (values != values.round()), f"{column} is not an integer")
+    if path.name == results.TIMING_CSV:
+        problems += _lines(path, ~frame["warmup"].astype(str).isin(["True", "False"]), "warmup is not True/False")
+        for column in SECONDS:
+            values = pd.to_numeric(frame[column], errors="coerce")
+            problems += _lines(path, values.isna() | (values < 0), f"{column} is not a non-negative number")
+        rank = pd.to_numeric(frame["rank"], errors="coerce")
+        problems += _lines(path, (rank < 0) | (rank >= meta.get("world_size", np.inf)), "rank outside the world")
+        problems += _lines(path, frame.duplicated(["rank", "epoch", "step"]), "duplicate (rank, epoch, step)")
+        step = pd.to_numeric(frame["step"], errors="coerce")
+        out_of_order = step.groupby(frame["rank"]).diff() <= 0
+        problems += _lines(path, out_of_order, "step not after this rank's previous step")
+    else:
+        problems += _lines(path, ~frame["split"].isin(["train", "val"]), "split is not train or val")
+        problems += _lines(path, pd.to_numeric(frame["loss"], errors="coerce").isna(), "loss is not a number")
+        problems += _lines(path, frame.duplicated(["split", "epoch", "step"]), "duplicate (split, epoch, step)")
+    return problems
+
+
+def summary_problems(path: Path, summary: pd.DataFrame, timing: pd.DataFrame | None) -> list[Problem]:
+    if tuple(summary.columns) != results.SUMMARY_COLUMNS:
+        return [Problem(path, 1, "header differs from the contract")]
+    if len(summary) != 1:
+        return [Problem(path, None, f"{len(summary)} rows; expected exactly one")]
+    row = summary.iloc[0]
+    if timing is None or not pd.notna(row["samples_per_s"]):
+        return []
+    timed = timing[timing["warmup"].astype(str) == "False"]
+    problems = []
+    if row["timed_steps"] != timed["step"].nunique():
+        problems.append(
+            Problem(path, 2, f"timed_steps {row['timed_steps']} but timing.csv has {timed['step'].nunique()}")
+        )
+    recomputed = timed["samples"].sum() / row["wall_s"] if row["wall_s"] > 0 else np.nan
+    if not np.isclose(recomputed, row["samples_per_s"], rtol=1e-6):
+        problems.append(
+            Problem(path, 2, f"samples_per_s {row['samples_per_s']:.6g} but the rows give {recomputed:.6g}")
+        )
+    return problems
+
+
+def meta_problems(run_dir: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
+    path = run_dir / results.RUN_JSON
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, [Problem(path, None, f"cannot be read: {exc}")]
+    problems = [Problem(path, None, f"missing key {key!r}") for key in REQUIRED_META if key not in meta]
+    if meta.get("schema_version") not in results.KNOWN_SCHEMAS:
+        problems.append(Problem(path, None, f"schema_version {meta.get('schema_version')!r} is not known"))
+    if meta.get("status") not in STATUSES:
+        problems.append(Problem(path, None, f"status {meta.get('status')!r} is not one of {', '.join(STATUSES)}"))
+    elif results.effective_status(meta) != meta["status"]:
+        problems.append(Problem(path, None, f"status is running but process {meta.get('pid')} is gone: the job died"))
+    return meta, problems
+
+
+def check_frames(
+    run_dir: Path, meta: dict[str, Any], frames: dict[str, tuple[pd.DataFrame | None, list[Problem]]]
+) -> list[Problem]:
+    """Problems in already-parsed CSVs (`report` parses each file once and checks it here)."""
+    problems: list[Problem] = []
+    columns = {results.TIMING_CSV: results.TIMING_COLUMNS, results.LOSS_CSV: results.LOSS_COLUMNS}
+    for name, cols in columns.items():
+        frame, read = frames[name]
+        problems += read
+        if frame is not None:
+            problems += frame_problems(run_dir / name, frame, cols, meta)
+    summary, read = frames.get(results.SUMMARY_CSV, (None, []))
+    if meta.get("status") == "completed":
+        problems += read
+        if summary is not None:
+            problems += summary_problems(run_dir / results.SUMMARY_CSV, summary, frames[results.TIMING_CSV][0])
+    return problems
+
+
+def read_frames(run_dir: Path) -> dict[str, tuple[pd.DataFrame | None, list[Problem]]]:
+    return {name: read_frame(run_dir / name) for name in (results.TIMING_CSV, results.LOSS_CSV, results.SUMMARY_CSV)}
+
+
+def check_run(run_dir: Path) -> list[Problem]:
+    meta, problems = meta_problems(run_dir)
+    if meta is None:
+        return problems
+    return problems + check_frames(run_dir, meta, read_frames(run_dir))
