@@ -1,0 +1,236 @@
+"""Reliability: every fault mode ends the job within the timeout, results stay whole, bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchmarks import check, faults
+
+from .conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_ok, torchrun
+
+TIMEOUT = 10
+MARGIN = 45  # start-up of two ranks (torch, Horovod) and the launcher's own shutdown on 2 busy cores
+FAULTY = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "8", "--warmup-steps", "1", "--quiet",
+          "--flush-every", "2", "--timeout", str(TIMEOUT)]  # fmt: skip
+LAUNCHERS = {
+    "torchrun-ddp": (lambda: torchrun(2), "ddp"),
+    "horovodrun-horovod": (lambda: horovodrun(2, "--gloo"), "horovod"),
+    "mpirun-ddp": (lambda: mpirun(2), "ddp"),
+}
+
+
+@pytest.mark.timeout(TIMEOUT + MARGIN + 30)
+@pytest.mark.parametrize("mode", faults.MODES)
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_fault_ends_the_job_and_leaves_whole_failed_results(tmp_path, launcher: str, mode: str) -> None:
+    prefix, backend = LAUNCHERS[launcher]
+    cmd = [*prefix(), "run", "--backend", backend, *FAULTY, "--out", str(tmp_path), "--run-id", "r",
+           "--inject-fault", f"{mode}@4:1"]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO,
+                          timeout=TIMEOUT + MARGIN + 20)  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert elapsed < TIMEOUT + MARGIN, f"took {elapsed:.0f}s"
+    run_dir = tmp_path / "r"
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "failed", (meta, proc.stderr[-3000:])
+    assert meta["error"]
+    timing, loss = pd.read_csv(run_dir / "timing.csv"), pd.read_csv(run_dir / "loss.csv")
+    assert timing["step"].max() <= 4 and len(loss) <= 4  # what was flushed before the fault, no more
+    assert check.check_run(run_dir) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_fault_on_a_rank_names_that_rank_and_its_error(tmp_path) -> None:
+    cmd = [*torchrun(2), "run", "--backend", "ddp", *FAULTY, "--out", str(tmp_path), "--run-id", "r",
+           "--inject-fault", "exception@3:1"]  # fmt: skip
+    subprocess.run(cmd, capture_output=True, env=launcher_env(), cwd=REPO, timeout=100)
+    meta = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert meta["failed_rank"] == 1 and "injected exception at step 3 on rank 1" in meta["error"]
+
+
+@pytest.mark.timeout(200)
+def test_compare_marks_a_run_whose_rank_0_was_killed(tmp_path) -> None:
+    """SIGKILL on rank 0 leaves nobody to write run.json: compare records the failure."""
+    cmd = [str(BIN / "distbench"), "compare", "--backends", "ddp", "--repeats", "1", *FAULTY,
+           "--inject-fault", "sigkill@3:0", "--out", str(tmp_path), "--run-id", "cmp"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=180)
+    assert proc.returncode == 1
+    meta = json.loads((tmp_path / "cmp" / "ddp-r0" / "run.json").read_text())
+    assert meta["status"] == "failed" and "before the run completed" in meta["error"]
+    assert pd.read_csv(tmp_path / "cmp" / "comparison.csv")["status"].tolist() == ["failed"]
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("good")
+    run_ok([*CLI, "run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--steps-per-epoch", "8",
+            "--warmup-steps", "2", "--quiet", "--out", str(out), "--run-id", "good"])  # fmt: skip
+    assert check.check_run(out / "good") == []
+    return out / "good"
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / run.name))
+
+
+def test_check_catches_a_truncated_last_line(good_run, tmp_path) -> None:
+    run = _copy(good_run, tmp_path)
+    data = (run / "timing.csv").read_bytes()
+    (run / "timing.csv").write_bytes(data[:-15])
+    problems = [str(p) for p in check.check_run(run)]
+    lines = data.count(b"\n")
+    assert any(f"timing.csv:{lines}: truncated last line" in p for p in problems), problems
+
+
+def test_check_catches_a_duplicated_row(good_run, tmp_path) -> None:
+    run = _copy(good_run, tmp_path)
+    lines = (run / "timing.csv").read_text().splitlines(keepends=True)
+    (run / "timing.csv").write_text("".join([*lines[:4], lines[3], *lines[4:]]))
+    problems = [str(p) for p in check.check_run(run)]
+    assert any("timing.csv:5: duplicate (rank, epoch, step)" in p for p in problems), problems
+
+
+def test_check_catches_a_wrong_schema_version(good_run, tmp_path) -> None:
+    run = _copy(good_run, tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "schema_version": 7}))
+    assert any("schema_version 7 is not known" in str(p) for p in check.check_run(run))
+
+
+def test_check_catches_unrecomputable_throughput(good_run, tmp_path) -> None:
+    run = _copy(good_run, tmp_path)
+    summary = pd.read_csv(run / "summary.csv")
+    summary.loc[0, "samples_per_s"] *= 2
+    summary.to_csv(run / "summary.csv", index=False)
+    assert any("samples_per_s" in str(p) for p in check.check_run(run))
+
+
+def test_check_command_exit_codes(good_run, tmp_path) -> None:
+    assert subprocess.run([*CLI, "check", str(good_run)], cwd=REPO, env=launcher_env()).returncode == 0
+    run = _copy(good_run, tmp_path)
+    (run / "loss.csv").write_text((run / "loss.csv").read_text() + "garbage,row\n")
+    proc = subprocess.run([*CLI, "check", str(run)], cwd=REPO, env=launcher_env(), capture_output=True, text=True)
+    assert proc.returncode == 1 and "loss.csv:" in proc.stdout
+
+
+def test_report_leaves_out_invalid_runs_unless_asked(good_run, tmp_path) -> None:
+    from benchmarks import report
+
+    run = _copy(good_run, tmp_path)
+    (run / "timing.csv").write_bytes((run / "timing.csv").read_bytes()[:-5])
+    with pytest.raises(FileNotFoundError, match="check problems"):
+        report.load_runs(run)
+    assert len(report.load_runs(run, include_failed=True).runs) == 1
+
+
+def _limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
+
+
+@pytest.mark.timeout(120)
+def test_full_disk_gives_a_clear_error_and_whole_rows(tmp_path) -> None:
+    """A file-size limit stands in for a full disk: writes fail part-way through the run."""
+    cmd = [*CLI, "run", "--backend", "single", "--workload", "mlp", "--epochs", "1", "--flush-every", "5",
+           "--quiet", "--out", str(tmp_path), "--run-id", "full"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=100,
+                          preexec_fn=_limit_file_size)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("distbench: error: cannot write")
+    assert "File too large" in proc.stderr
+    assert json.loads((tmp_path / "full" / "run.json").read_text())["status"] == "failed"
+    assert check.check_run(tmp_path / "full") == []
+
+
+BAD_INPUT = {
+    "unknown backend": (["--backend", "tensorflow"], "unknown backend 'tensorflow'; known: ddp, horovod, single"),
+    "unknown workload": (["--workload", "resnet9000"], "unknown workload 'resnet9000'; known:"),
+    "zero batch": (["--batch-size", "0"], "--batch-size must be a positive integer"),
+    "negative train size": (["--train-size", "-5"], "--train-size must be a positive integer"),
+    "zero epochs": (["--epochs", "0"], "--epochs must be a positive integer"),
+    "batch larger than shard": (["--train-size", "50", "--batch-size", "64"], "lower --batch-size"),
+    "bad fault": (["--inject-fault", "explode@1"], "--inject-fault takes MODE@STEP[:RANK]"),
+    "cuda absent": (["--device", "cuda"], "torch sees no CUDA device; use --device cpu"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_exits_2_with_one_line_and_no_files(tmp_path, case: str) -> None:
+    args, message = BAD_INPUT[case]
+    base = {"--backend": "single", "--workload": "mlp"}
+    for flag in ("--backend", "--workload"):
+        if flag not in args:
+            args = [flag, base[flag], *args]
+    out = tmp_path / "out"
+    proc = subprocess.run([*CLI, "run", *args, "--quiet", "--out", str(out)], capture_output=True, text=True,
+                          env=launcher_env(), cwd=REPO, timeout=50)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distbench: error:") and message in lines[0], lines
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.timeout(60)
+def test_unwritable_out_exits_2(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = subprocess.run([*CLI, "run", "--backend", "single", "--out", str(blocker / "runs"), "--quiet"],
+                          capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=50)  # fmt: skip
+    assert proc.returncode == 2 and "choose a writable --out" in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_missing_horovod_exits_2_with_the_fix(tmp_path) -> None:
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('not here')\n")
+    proc = subprocess.run([*CLI, "run", "--backend", "horovod", "--quiet", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=REPO, timeout=50,
+                          env=launcher_env(PYTHONPATH=f"{tmp_path}:{REPO}"))  # fmt: skip
+    assert proc.returncode == 2 and "make setup" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nproc", ["0", "two"])
+def test_compare_refuses_a_bad_nproc(tmp_path, nproc: str) -> None:
+    proc = subprocess.run([str(BIN / "distbench"), "compare", "--nproc", nproc, "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=50)  # fmt: skip
+    assert proc.returncode == 2 and "--nproc" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_runs_into_one_out_never_mix(tmp_path) -> None:
+    cmd = [*CLI, "run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--steps-per-epoch", "20",
+           "--quiet", "--flush-every", "3", "--out", str(tmp_path)]  # fmt: skip
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=launcher_env(), stdout=subprocess.PIPE) for _ in range(2)]
+    dirs = [Path(p.communicate(timeout=100)[0].decode().strip().splitlines()[-1]) for p in procs]
+    assert dirs[0] != dirs[1]
+    for run_dir in dirs:
+        assert set(pd.read_csv(run_dir / "timing.csv")["run_id"]) == {run_dir.name}
+        assert check.check_run(run_dir) == []
+
+
+@pytest.mark.timeout(120)
+def test_existing_run_directory_needs_overwrite(tmp_path) -> None:
+    cmd = [*CLI, "run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--steps-per-epoch", "3",
+           "--quiet", "--out", str(tmp_path), "--run-id", "same"]  # fmt: skip
+    run_ok(cmd)
+    before = (tmp_path / "same" / "run.json").read_text()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=60)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    assert (tmp_path / "same" / "run.json").read_text() == before
+    run_ok([*cmd, "--overwrite"])
+    assert (tmp_path / "same" / "run.json").read_text() != before
