@@ -37,9 +37,14 @@ def mpirun(nproc: int) -> list[str]:
     return ["mpirun", "-np", str(nproc), "--oversubscribe", "--allow-run-as-root", *CLI]
 
 
+def run_cmd(cmd: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a command from the repository root with the launcher environment (plus `env`), capturing output."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=launcher_env(**env))
+
+
 def run_ok(cmd: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
     """Run a command to completion; on failure show its output in the assertion."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=launcher_env(**env))
+    proc = run_cmd(cmd, timeout, **env)
     assert proc.returncode == 0, (
         f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     )

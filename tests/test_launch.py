@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import launch
 
-from .conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_ok, torchrun
+from .conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
 
 TINY = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "4", "--warmup-steps", "1", "--quiet"]
 
@@ -105,7 +105,7 @@ def test_ddp_under_srun_environment(tmp_path) -> None:
 @pytest.mark.timeout(120)
 def test_wrong_launcher_stops_before_any_work(tmp_path) -> None:
     cmd = [*torchrun(1), "run", "--backend", "horovod", *TINY, "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=100)
+    proc = run_cmd(cmd, timeout=100)
     assert proc.returncode != 0
     assert "backend 'horovod' cannot run under torchrun; launch it with one of: horovodrun, mpirun, python" in (
         proc.stderr
@@ -115,10 +115,7 @@ def test_wrong_launcher_stops_before_any_work(tmp_path) -> None:
 
 @pytest.mark.timeout(120)
 def test_single_refuses_more_than_one_process(tmp_path) -> None:
-    proc = subprocess.run(
-        [*torchrun(2), "run", "--backend", "single", *TINY, "--out", str(tmp_path)],
-        capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=100,
-    )  # fmt: skip
+    proc = run_cmd([*torchrun(2), "run", "--backend", "single", *TINY, "--out", str(tmp_path)], timeout=100)
     assert proc.returncode != 0 and "backend 'single' runs one process" in proc.stderr
     assert not any(tmp_path.iterdir())
 
@@ -186,8 +183,7 @@ def test_compare_survives_a_failing_backend(tmp_path) -> None:
         "--run-id",
         "cmp",
     ]
-    env = launcher_env(PYTHONPATH=_shadow_horovod(tmp_path))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=200)
+    proc = run_cmd(cmd, timeout=200, PYTHONPATH=_shadow_horovod(tmp_path))
     assert proc.returncode != 0, proc.stdout
     comparison = pd.read_csv(tmp_path / "out" / "cmp" / "comparison.csv")
     status = dict(zip(comparison.backend, comparison.status, strict=True))

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import check, faults
 
-from .conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_ok, torchrun
+from .conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
 
 TIMEOUT = 10
 MARGIN = 45  # start-up of two ranks (torch, Horovod) and the launcher's own shutdown on 2 busy cores
@@ -36,8 +36,7 @@ def test_fault_ends_the_job_and_leaves_whole_failed_results(tmp_path, launcher: 
     cmd = [*prefix(), "run", "--backend", backend, *FAULTY, "--out", str(tmp_path), "--run-id", "r",
            "--inject-fault", f"{mode}@4:1"]  # fmt: skip
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO,
-                          timeout=TIMEOUT + MARGIN + 20)  # fmt: skip
+    proc = run_cmd(cmd, timeout=TIMEOUT + MARGIN + 20)
     elapsed = time.monotonic() - start
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert elapsed < TIMEOUT + MARGIN, f"took {elapsed:.0f}s"
@@ -54,7 +53,7 @@ def test_fault_ends_the_job_and_leaves_whole_failed_results(tmp_path, launcher: 
 def test_a_fault_on_a_rank_names_that_rank_and_its_error(tmp_path) -> None:
     cmd = [*torchrun(2), "run", "--backend", "ddp", *FAULTY, "--out", str(tmp_path), "--run-id", "r",
            "--inject-fault", "exception@3:1"]  # fmt: skip
-    subprocess.run(cmd, capture_output=True, env=launcher_env(), cwd=REPO, timeout=100)
+    run_cmd(cmd, timeout=100)
     meta = json.loads((tmp_path / "r" / "run.json").read_text())
     assert meta["failed_rank"] == 1 and "injected exception at step 3 on rank 1" in meta["error"]
 
@@ -64,7 +63,7 @@ def test_compare_marks_a_run_whose_rank_0_was_killed(tmp_path) -> None:
     """SIGKILL on rank 0 leaves nobody to write run.json: compare records the failure."""
     cmd = [str(BIN / "distbench"), "compare", "--backends", "ddp", "--repeats", "1", *FAULTY,
            "--inject-fault", "sigkill@3:0", "--out", str(tmp_path), "--run-id", "cmp"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=180)
+    proc = run_cmd(cmd, timeout=180)
     assert proc.returncode == 1
     meta = json.loads((tmp_path / "cmp" / "ddp-r0" / "run.json").read_text())
     assert meta["status"] == "failed" and "before the run completed" in meta["error"]
@@ -117,10 +116,10 @@ def test_check_catches_unrecomputable_throughput(good_run, tmp_path) -> None:
 
 
 def test_check_command_exit_codes(good_run, tmp_path) -> None:
-    assert subprocess.run([*CLI, "check", str(good_run)], cwd=REPO, env=launcher_env()).returncode == 0
+    assert run_cmd([*CLI, "check", str(good_run)]).returncode == 0
     run = _copy(good_run, tmp_path)
     (run / "loss.csv").write_text((run / "loss.csv").read_text() + "garbage,row\n")
-    proc = subprocess.run([*CLI, "check", str(run)], cwd=REPO, env=launcher_env(), capture_output=True, text=True)
+    proc = run_cmd([*CLI, "check", str(run)])
     assert proc.returncode == 1 and "loss.csv:" in proc.stdout
 
 
@@ -174,8 +173,7 @@ def test_bad_input_exits_2_with_one_line_and_no_files(tmp_path, case: str) -> No
         if flag not in args:
             args = [flag, base[flag], *args]
     out = tmp_path / "out"
-    proc = subprocess.run([*CLI, "run", *args, "--quiet", "--out", str(out)], capture_output=True, text=True,
-                          env=launcher_env(), cwd=REPO, timeout=50)  # fmt: skip
+    proc = run_cmd([*CLI, "run", *args, "--quiet", "--out", str(out)], timeout=50)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("distbench: error:") and message in lines[0], lines
@@ -186,8 +184,7 @@ def test_bad_input_exits_2_with_one_line_and_no_files(tmp_path, case: str) -> No
 def test_unwritable_out_exits_2(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    proc = subprocess.run([*CLI, "run", "--backend", "single", "--out", str(blocker / "runs"), "--quiet"],
-                          capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=50)  # fmt: skip
+    proc = run_cmd([*CLI, "run", "--backend", "single", "--out", str(blocker / "runs"), "--quiet"], timeout=50)
     assert proc.returncode == 2 and "choose a writable --out" in proc.stderr
 
 
@@ -195,9 +192,8 @@ def test_unwritable_out_exits_2(tmp_path) -> None:
 def test_missing_horovod_exits_2_with_the_fix(tmp_path) -> None:
     (tmp_path / "horovod").mkdir()
     (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('not here')\n")
-    proc = subprocess.run([*CLI, "run", "--backend", "horovod", "--quiet", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=REPO, timeout=50,
-                          env=launcher_env(PYTHONPATH=f"{tmp_path}:{REPO}"))  # fmt: skip
+    proc = run_cmd([*CLI, "run", "--backend", "horovod", "--quiet", "--out", str(tmp_path / "out")], timeout=50,
+                   PYTHONPATH=f"{tmp_path}:{REPO}")  # fmt: skip
     assert proc.returncode == 2 and "make setup" in proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -205,8 +201,7 @@ def test_missing_horovod_exits_2_with_the_fix(tmp_path) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nproc", ["0", "two"])
 def test_compare_refuses_a_bad_nproc(tmp_path, nproc: str) -> None:
-    proc = subprocess.run([str(BIN / "distbench"), "compare", "--nproc", nproc, "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=50)  # fmt: skip
+    proc = run_cmd([str(BIN / "distbench"), "compare", "--nproc", nproc, "--out", str(tmp_path / "out")], timeout=50)
     assert proc.returncode == 2 and "--nproc" in proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -229,7 +224,7 @@ def test_existing_run_directory_needs_overwrite(tmp_path) -> None:
            "--quiet", "--out", str(tmp_path), "--run-id", "same"]  # fmt: skip
     run_ok(cmd)
     before = (tmp_path / "same" / "run.json").read_text()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=60)
+    proc = run_cmd(cmd, timeout=60)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr
     assert (tmp_path / "same" / "run.json").read_text() == before
     run_ok([*cmd, "--overwrite"])

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
 
 from benchmarks.cli import build_parser
 
-from .conftest import BIN, CLI, REPO, launcher_env, run_ok
+from .conftest import BIN, CLI, REPO, run_cmd, run_ok
 
 
 @pytest.mark.timeout(120)
@@ -44,8 +43,7 @@ def test_doctor_fails_with_hint_when_horovod_missing(tmp_path) -> None:
     # A horovod package that cannot be imported shadows the real one.
     (tmp_path / "horovod").mkdir()
     (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('simulated missing horovod')\n")
-    env = launcher_env(PYTHONPATH=f"{tmp_path}:{REPO}")
-    proc = subprocess.run([*CLI, "doctor"], capture_output=True, text=True, env=env, timeout=60)
+    proc = run_cmd([*CLI, "doctor"], timeout=60, PYTHONPATH=f"{tmp_path}:{REPO}")
     assert proc.returncode != 0
     assert "make setup" in proc.stderr
 
