@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 import backends
 from backends.base import Backend
-from benchmarks import environment, faults, guard, launch, results, sharding, workloads
+from benchmarks import environment, faults, guard, launch, progress, results, sharding, workloads
 from benchmarks.config import DDPConfig, HorovodConfig, InputError, RunConfig
 
 
@@ -73,7 +72,7 @@ class Trainer:
         self.loss_rows: list[dict[str, Any]] = []
         self.global_step = 0
         self.timed_wall_s = 0.0
-        self.progress: tqdm | None = None
+        self.progress: progress.tqdm | progress.LineProgress | None = None
 
     def _beat(self) -> None:
         if self.watchdog is not None:
@@ -199,14 +198,10 @@ class Trainer:
     def fit(self) -> None:
         cfg = self.cfg
         plan = [self.steps_in_epoch(epoch) for epoch in range(cfg.epochs)]
-        self.progress = tqdm(
-            total=sum(map(len, plan)),
-            unit="step",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            desc=f"{self.backend.name} {self.workload.name}",
-            disable=cfg.quiet or self.backend.rank != 0,
-        )
+        self.progress = progress.progress(
+            sum(map(len, plan)), f"{self.backend.name} {self.workload.name}",
+            enabled=not cfg.quiet and self.backend.rank == 0,
+        )  # fmt: skip
         for epoch, steps in enumerate(plan, start=1):
             window_start: float | None = None
             flush_s = 0.0
