@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import results, sharding, workloads
 
-from .conftest import CLI, horovodrun, read_run, run_ok, torchrun
+from .conftest import BIN, CLI, REPO, horovodrun, read_run, run_ok, torchrun
 
 STEPS = ["--epochs", "1", "--steps-per-epoch", "20", "--seed", "7", "--quiet"]
 
@@ -168,3 +168,43 @@ def test_custom_workload_by_module_path(tmp_path) -> None:
         ]
     )
     assert pd.read_csv(tmp_path / "custom" / "summary.csv")["workload"].iloc[0] == "benchmarks.workloads:linear"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_backend_collectives_on_two_ranks(backend: str, horovod_available) -> None:
+    probe = str(REPO / "tests" / "backend_probe.py")
+    if backend == "ddp":
+        cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", probe, "ddp"]
+    else:
+        cmd = [str(BIN / "horovodrun"), "-np", "2", "--gloo", str(BIN / "python"), probe, "horovod"]
+    out = run_ok(cmd).stdout
+    seen = json.loads(out.strip().splitlines()[-1].removeprefix("[0]<stdout>:"))
+    assert seen["world_size"] == 2
+    assert (seen["sum"], seen["mean"], seen["max"]) == (3.0, 1.5, 2.0)
+    assert seen["gathered"] == [{"rank": 0}, {"rank": 1}]
+    assert seen["broadcast"] == "from rank 0"
+    assert {"accumulate", "fp16_allreduce"} <= set(seen["describe"])
+
+
+def test_unknown_backend_lists_known_ones() -> None:
+    import backends
+
+    with pytest.raises(ValueError, match="known: ddp, horovod, single"):
+        backends.get("mxnet")
+
+
+@pytest.mark.timeout(300)
+def test_gradient_accumulation_is_the_same_on_every_backend(tmp_path, horovod_available) -> None:
+    """DDP no_sync and Horovod backward_passes_per_step, 2 micro-batches per step, match single."""
+    args = ["run", "--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "10", "--accumulate", "2",
+            "--seed", "5", "--quiet", "--out", str(tmp_path)]  # fmt: skip
+    curves = {}
+    for backend, cmd, batch in (("ddp", torchrun(2), 8), ("horovod", horovodrun(2), 8), ("single", CLI, 16)):
+        run_ok([*cmd, *args, "--backend", backend, "--batch-size", str(batch), "--run-id", backend])
+        loss = read_run(tmp_path / backend)["loss"]
+        curves[backend] = loss[loss.split == "train"]["loss"].to_numpy()
+        assert json.loads((tmp_path / backend / "run.json").read_text())["global_batch"] == 32
+    assert len(curves["single"]) == 10
+    for backend in ("ddp", "horovod"):
+        assert abs(curves[backend] - curves["single"]).max() < 1e-5, backend

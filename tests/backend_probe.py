@@ -1,0 +1,39 @@
+"""Run under a launcher: exercise one backend's collectives and print what rank 0 saw, as JSON.
+
+torchrun --standalone --nproc-per-node 2 tests/backend_probe.py ddp
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import backends
+from benchmarks import launch
+from benchmarks.config import DDPConfig, HorovodConfig, RunConfig
+
+
+def main(name: str) -> None:
+    backend = backends.get(name)(RunConfig(timeout=30), DDPConfig(), HorovodConfig(), launch.detect())
+    backend.init()
+    rank = backend.rank
+    value = torch.tensor([float(rank + 1)], dtype=torch.float64)
+    seen = {
+        "world_size": backend.world_size,
+        "sum": backend.all_reduce(value.clone(), "sum").item(),
+        "mean": backend.all_reduce(value.clone(), "mean").item(),
+        "max": backend.all_reduce(value.clone(), "max").item(),
+        "gathered": backend.all_gather_object({"rank": rank}),
+        "broadcast": backend.broadcast_object(f"from rank {rank}", src=0),
+        "describe": sorted(backend.describe()),
+    }
+    backend.barrier()
+    backend.shutdown()
+    if rank == 0:
+        print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
