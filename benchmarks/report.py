@@ -192,7 +192,9 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
                 final_train_loss=mine["final_train_loss"].mean(),
                 final_val_loss=mine["final_val_loss"].mean(),
             )
-            if len(base):
+            if backend == order[0]:
+                row.update(ratio=1.0, ratio_low=np.nan, ratio_high=np.nan)  # the base of the ratios
+            elif len(base):
                 ratio, rlo, rhi = stats.bootstrap_ratio_ci(mine["samples_per_s"], base)
                 row.update(ratio=ratio, ratio_low=rlo, ratio_high=rhi)
         rows.append(row)
@@ -216,7 +218,7 @@ def loss_agreement(rs: RunSet) -> float:
 def format_table(table: pd.DataFrame, agreement: float) -> str:
     """The terminal table `compare` and `report` print."""
     lines = [
-        f"{'backend':<10} {'ok/fail':>7} {'samples/s (95% CI)':>26} {'ratio (95% CI)':>20} "
+        f"{'backend':<10} {'ok/fail':>7} {'samples/s ± 95% CI':>20} {'ratio (95% CI)':>20} "
         f"{'p50 step':>9} {'p99 step':>9} {'train loss':>10} {'val loss':>9}"
     ]
     for row in table.to_dict("records"):
@@ -224,21 +226,21 @@ def format_table(table: pd.DataFrame, agreement: float) -> str:
         if not row["runs_ok"]:
             lines.append(f"{row['backend']:<10} {okfail:>7}   FAILED (see the run's run.json / output above)")
             continue
-        sps = f"{row['samples_per_s']:.1f} ({row['ci_low']:.1f}-{row['ci_high']:.1f})"
-        ratio = (
-            f"{row['ratio']:.2f} ({row['ratio_low']:.2f}-{row['ratio_high']:.2f})"
-            if "ratio" in row and pd.notna(row.get("ratio"))
-            else "-"
-        )
+        sps = f"{row['samples_per_s']:.1f} ± {row['ci_high'] - row['samples_per_s']:.1f}"
+        if pd.isna(row.get("ratio")):
+            ratio = "-"
+        elif pd.isna(row.get("ratio_low")):
+            ratio = f"{row['ratio']:.2f} (base)"
+        else:
+            ratio = f"{row['ratio']:.2f} ({row['ratio_low']:.2f}-{row['ratio_high']:.2f})"
         lines.append(
-            f"{row['backend']:<10} {okfail:>7} {sps:>26} {ratio:>20} {row['step_p50_s']:>9.4f} "
+            f"{row['backend']:<10} {okfail:>7} {sps:>20} {ratio:>20} {row['step_p50_s']:>9.4f} "
             f"{row['step_p99_s']:>9.4f} {row['final_train_loss']:>10.4f} {row['final_val_loss']:>9.4f}"
         )
     lines.append(f"loss curves: max abs difference between backends {agreement:.2e}")
     ok = table[table.runs_ok > 0]
-    if len(ok) >= 2 and "ratio" in ok:
-        first, other = ok.iloc[0], ok.iloc[1]
-        lines.append(
-            stats.verdict(other["backend"], first["backend"], other["ratio"], other["ratio_low"], other["ratio_high"])
-        )
+    if len(ok) >= 2 and ok.iloc[0]["backend"] == table.iloc[0]["backend"]:
+        base = ok.iloc[0]["backend"]
+        for other in ok.iloc[1:].to_dict("records"):
+            lines.append(stats.verdict(other["backend"], base, other["ratio"], other["ratio_low"], other["ratio_high"]))
     return "\n".join(lines)
