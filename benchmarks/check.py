@@ -48,6 +48,11 @@ def _lines(path: Path, mask: pd.Series, message: str) -> list[Problem]:
     return problems
 
 
+def _numeric(values: pd.Series) -> pd.Series:
+    """The column as numbers, with NaN where a value is not one (cheap when pandas parsed numbers)."""
+    return values if pd.api.types.is_numeric_dtype(values) else pd.to_numeric(values, errors="coerce")
+
+
 def read_frame(path: Path) -> tuple[pd.DataFrame | None, list[Problem]]:
     """Parse a CSV; a file that does not end in a newline has a torn last line."""
     if not path.is_file():
@@ -73,24 +78,28 @@ def frame_problems(path: Path, frame: pd.DataFrame, columns: tuple[str, ...], me
         return [Problem(path, 1, f"header is {','.join(map(str, frame.columns))}; expected {','.join(columns)}")]
     problems: list[Problem] = []
     for column in ("run_id", "backend"):
-        problems += _lines(path, frame[column].astype(str) != str(meta.get(column)), f"{column} differs from run.json")
+        values = frame[column] if frame[column].dtype == object else frame[column].astype(str)
+        problems += _lines(path, values != str(meta.get(column)), f"{column} differs from run.json")
     for column in INT_COLUMNS.get(path.name, ()):
-        values = pd.to_numeric(frame[column], errors="coerce")
-        problems += _lines(path, values.isna() | (values != values.round()), f"{column} is not an integer")
+        if not pd.api.types.is_integer_dtype(frame[column]):  # pandas parsed something else: find the rows
+            values = _numeric(frame[column])
+            problems += _lines(path, values.isna() | (values != values.round()), f"{column} is not an integer")
     if path.name == results.TIMING_CSV:
-        problems += _lines(path, ~frame["warmup"].astype(str).isin(["True", "False"]), "warmup is not True/False")
+        if not pd.api.types.is_bool_dtype(frame["warmup"]):
+            bad = ~frame["warmup"].astype(str).isin(["True", "False"])
+            problems += _lines(path, bad, "warmup is not True/False")
         for column in SECONDS:
-            values = pd.to_numeric(frame[column], errors="coerce")
+            values = _numeric(frame[column])
             problems += _lines(path, values.isna() | (values < 0), f"{column} is not a non-negative number")
-        rank = pd.to_numeric(frame["rank"], errors="coerce")
+        rank = _numeric(frame["rank"])
         problems += _lines(path, (rank < 0) | (rank >= meta.get("world_size", np.inf)), "rank outside the world")
         problems += _lines(path, frame.duplicated(["rank", "epoch", "step"]), "duplicate (rank, epoch, step)")
-        step = pd.to_numeric(frame["step"], errors="coerce")
+        step = _numeric(frame["step"])
         out_of_order = step.groupby(frame["rank"]).diff() <= 0
         problems += _lines(path, out_of_order, "step not after this rank's previous step")
     else:
         problems += _lines(path, ~frame["split"].isin(["train", "val"]), "split is not train or val")
-        problems += _lines(path, pd.to_numeric(frame["loss"], errors="coerce").isna(), "loss is not a number")
+        problems += _lines(path, _numeric(frame["loss"]).isna(), "loss is not a number")
         problems += _lines(path, frame.duplicated(["split", "epoch", "step"]), "duplicate (split, epoch, step)")
     return problems
 
