@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 
 import pytest
@@ -56,3 +60,19 @@ SUBCOMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # ty
 def test_help_works_for_every_subcommand(command: str) -> None:
     proc = run_ok([str(BIN / "distbench"), *([command] if command else []), "--help"])
     assert "usage: distbench" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_system_deps_as_non_root_print_the_exact_command() -> None:
+    """Without mpirun, cmake or g++ on PATH and without root, the set-up stops with the apt-get line."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to become an unprivileged user")
+    with tempfile.TemporaryDirectory(dir="/tmp") as bin_dir:  # pytest's tmp_path is private to root
+        os.chmod(bin_dir, 0o755)
+        os.symlink(shutil.which("id"), os.path.join(bin_dir, "id"))
+        cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "env", f"PATH={bin_dir}",
+               "/bin/bash", str(REPO / "docker/install-system-deps.sh")]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 1
+    assert "apt-get update && apt-get install -y openmpi-bin libopenmpi-dev cmake g++" in proc.stderr
