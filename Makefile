@@ -2,11 +2,13 @@
 #   make demo    the DDP-vs-Horovod comparison
 #   make test    the whole test suite
 #   make lint    ruff
-# Override: TORCH_SPEC='torch==2.14.1' make test, or VENV=/path/to/existing/env make test.
+# Override: make test TORCH_SPEC='torch==2.14.1'; make test VENV=/path/to/env TORCH_SPEC= (keep its torch);
+#           make test PYTEST_ARGS='-k launch -x'.
 
 PYTHON3    ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
 PY         := $(VENV)/bin/python
 # The stamp's name carries TORCH_SPEC, so a different spec re-runs the install.
 STAMP      := $(VENV)/.distbench-deps-$(shell echo '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
@@ -20,7 +22,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	docker/install-system-deps.sh
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet '$(TORCH_SPEC)'
+	if [ -n '$(TORCH_SPEC)' ]; then $(PY) -m pip install --quiet '$(TORCH_SPEC)'; fi
 	$(PY) -m pip install --quiet -e '.[dev]'
 	echo '$(TORCH_SPEC)' > $@
 
@@ -34,7 +36,7 @@ demo: setup
 	$(VENV)/bin/distbench compare
 
 test: setup
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
