@@ -44,12 +44,14 @@ def write_synthetic_compare(root: Path, rows: int, ranks: int = 4, seed: int = 0
             "split": "train", "loss": np.exp(-np.arange(steps) / steps), "accuracy": None, "samples": 32 * ranks,
         })  # fmt: skip
         loss.to_csv(run_dir / results.LOSS_CSV, index=False, columns=results.LOSS_COLUMNS)
-        wall = float(timing[~timing.warmup].groupby("step")["step_s"].max().sum())
+        wall = float(timing[~timing.warmup].groupby("step")["step_s"].max().sum())  # a lock-step run
         meta = {"run_id": run_id, "backend": backend, "world_size": ranks, "workload": "synthetic",
                 "launcher": "torchrun", "global_batch": 32 * ranks, "threads": 1, "timed_wall_s": wall}  # fmt: skip
         results.write_json_atomic(run_dir / results.RUN_JSON, {"schema_version": results.SCHEMA_VERSION, **meta,
                                                                "status": "completed"})  # fmt: skip
-        summary = results.summarize(meta, timing.to_dict("records")[:0], loss.to_dict("records")[-1:], wall)
+        timed = timing[~timing.warmup]
+        slowest = timed.groupby("step")["step_s"].max()
+        summary = results.summary_row(meta, slowest, int(timed["samples"].sum()), {"train": loss.iloc[-1]}, wall)
         pd.DataFrame([summary]).to_csv(run_dir / results.SUMMARY_CSV, index=False, columns=results.SUMMARY_COLUMNS)
 
 

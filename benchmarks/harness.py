@@ -60,16 +60,14 @@ class Trainer:
         fault: faults.Fault | None = None,
         watchdog: guard.Watchdog | None = None,
     ) -> None:
-        self.watchdog = watchdog
-        self.backend, self.workload, self.cfg, self.recorder, self.fault = backend, workload, cfg, recorder, fault
+        self.backend, self.workload, self.cfg, self.recorder = backend, workload, cfg, recorder
+        self.fault, self.watchdog = fault, watchdog
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
         self.raw_model = workload.build_model().to(self.device)
         optimizer = torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=0.9)
         self.model, self.optimizer = backend.prepare(self.raw_model, optimizer)
         self.pending: list[dict[str, Any]] = []
-        self.timing_rows: list[dict[str, Any]] = []
-        self.loss_rows: list[dict[str, Any]] = []
         self.global_step = 0
         self.timed_wall_s = 0.0
         self.progress: progress.tqdm | progress.LineProgress | None = None
@@ -164,8 +162,6 @@ class Trainer:
         ]  # fmt: skip
         self.recorder.timing(timing)
         self.recorder.loss(losses)
-        self.timing_rows += timing
-        self.loss_rows += losses
         if self.progress is not None and losses:
             self.progress.set_postfix(loss=f"{losses[-1]['loss']:.4f}")
 
@@ -227,7 +223,6 @@ class Trainer:
             val = self.validate(epoch)
             if self.recorder is not None:
                 self.recorder.loss([val])
-                self.loss_rows.append(val)
         self.progress.close()
 
 
@@ -317,9 +312,7 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
             recorder.meta["knobs"] = backend.describe()
         trainer.fit()
         if recorder is not None:
-            recorder.summary(
-                results.summarize(recorder.meta, trainer.timing_rows, trainer.loss_rows, trainer.timed_wall_s)
-            )
+            recorder.summary(trainer.timed_wall_s)
             recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
             return recorder.run_dir
         return None

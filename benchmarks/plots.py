@@ -35,7 +35,7 @@ def throughput(table: pd.DataFrame, path: Path) -> Path:
 
 def step_times(rs: report.RunSet, path: Path) -> Path:
     timed = rs.timing[~rs.timing["warmup"].astype(bool)]
-    slowest = timed.groupby(["backend", "run_id", "step"], sort=False)["step_s"].max().reset_index()
+    slowest = timed.groupby(["backend", "run_id", "step"], sort=False, observed=True)["step_s"].max().reset_index()
     names = list(dict.fromkeys(slowest.backend))
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.boxplot([slowest[slowest.backend == b]["step_s"] * 1000 for b in names], showfliers=True)

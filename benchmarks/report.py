@@ -92,14 +92,19 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
             "pass --include-failed to load them anyway"
         )
     runs = pd.DataFrame(metas)
-    join = ["run_id", "launcher", "workload", "status"]
 
-    def frame(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    def frame(parts: list[pd.DataFrame], categorical: bool) -> pd.DataFrame:
         if not parts:
             return pd.DataFrame()
-        return pd.concat(parts, ignore_index=True).merge(runs[join], on="run_id", how="left")
+        out = pd.concat(parts, ignore_index=True)
+        if categorical:  # timing has a row per rank per step: categories make grouping by run cheap
+            out["run_id"], out["backend"] = out["run_id"].astype("category"), out["backend"].astype("category")
+        by_run = runs.set_index("run_id")
+        for column in ("launcher", "workload", "status"):
+            out[column] = out["run_id"].map(by_run[column])
+        return out
 
-    return RunSet(runs=runs, timing=frame(timings), loss=frame(losses), skipped=skipped)
+    return RunSet(runs=runs, timing=frame(timings, True), loss=frame(losses, False), skipped=skipped)
 
 
 def per_run_stats(rs: RunSet) -> pd.DataFrame:
@@ -111,10 +116,12 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
     timing = rs.timing
     timed = timing[~timing["warmup"].astype(bool)] if len(timing) else timing
     if len(timed):
-        slowest = timed.groupby(["run_id", "step"])["step_s"].max()
-        q = slowest.groupby(level="run_id").quantile([0.5, 0.9, 0.95, 0.99]).unstack()
-        samples = timed.groupby("run_id")["samples"].sum()
-        rank_total = timed.groupby(["run_id", "rank"])["step_s"].sum().groupby(level="run_id")
+        slowest = timed.groupby(["run_id", "step"], observed=True)["step_s"].max()
+        q = slowest.groupby(level="run_id", observed=True).quantile([0.5, 0.9, 0.95, 0.99]).unstack()
+        samples = timed.groupby("run_id", observed=True)["samples"].sum()
+        rank_total = (
+            timed.groupby(["run_id", "rank"], observed=True)["step_s"].sum().groupby(level="run_id", observed=True)
+        )
         skew = rank_total.max() / rank_total.min()
     else:
         q, samples, skew = pd.DataFrame(columns=[0.5, 0.9, 0.95, 0.99]), pd.Series(dtype=float), pd.Series(dtype=float)
@@ -168,7 +175,7 @@ def phase_breakdown(rs: RunSet) -> pd.DataFrame:
     if not len(rs.timing):
         return pd.DataFrame(columns=["backend", *phases])
     timed = rs.timing[~rs.timing["warmup"].astype(bool)]
-    return timed.groupby("backend", sort=False)[phases].mean().reset_index()
+    return timed.groupby("backend", sort=False, observed=True)[phases].mean().reset_index()
 
 
 def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:

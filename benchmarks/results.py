@@ -64,6 +64,9 @@ class Recorder:
         self.run_dir = run_dir
         self.lock = threading.Lock()  # the SIGTERM watcher thread may finish the run mid-write
         self.meta = {"schema_version": SCHEMA_VERSION, **meta, "status": "running"}
+        self._slowest: dict[int, float] = defaultdict(float)
+        self._timed_samples = 0
+        self._last: dict[str, dict[str, Any]] = {}
         run_dir.mkdir(parents=True, exist_ok=False)
         write_json_atomic(run_dir / RUN_JSON, self.meta)
         for name, columns in ((TIMING_CSV, TIMING_COLUMNS), (LOSS_CSV, LOSS_COLUMNS)):
@@ -90,14 +93,23 @@ class Recorder:
                     os.ftruncate(handle.fileno(), start)
                 raise ResultsWriteError(path, exc) from exc
 
-    def timing(self, rows: Iterable[dict[str, Any]]) -> None:
+    def timing(self, rows: list[dict[str, Any]]) -> None:
         self._append(TIMING_CSV, TIMING_COLUMNS, rows)
+        for row in rows:  # running totals for summary.csv, so memory does not grow with the run
+            if not row["warmup"]:
+                self._slowest[row["step"]] = max(self._slowest[row["step"]], row["step_s"])
+                self._timed_samples += row["samples"]
 
-    def loss(self, rows: Iterable[dict[str, Any]]) -> None:
+    def loss(self, rows: list[dict[str, Any]]) -> None:
         self._append(LOSS_CSV, LOSS_COLUMNS, rows)
+        for row in rows:
+            self._last[row["split"]] = row
 
-    def summary(self, row: dict[str, Any]) -> None:
+    def summary(self, timed_wall_s: float) -> dict[str, Any]:
+        """Write summary.csv from everything recorded so far; a step's time is its slowest rank's."""
+        row = summary_row(self.meta, list(self._slowest.values()), self._timed_samples, self._last, timed_wall_s)
         self._append(SUMMARY_CSV, SUMMARY_COLUMNS, [row], header=True)
+        return row
 
     def finish(self, status: str, **extra: Any) -> None:
         with self.lock:
@@ -125,38 +137,33 @@ def mark_abandoned(run_dir: Path, reason: str) -> None:
         write_json_atomic(path, {**meta, "status": "failed", "error": reason})
 
 
-def summarize(
+def summary_row(
     meta: dict[str, Any],
-    timing_rows: list[dict[str, Any]],
-    loss_rows: list[dict[str, Any]],
+    step_times: Sequence[float],
+    timed_samples: int,
+    last: dict[str, dict[str, Any]],
     timed_wall_s: float,
 ) -> dict[str, Any]:
-    """summary.csv's row: warm-up steps excluded; a step's time is the slowest rank's."""
-    slowest: dict[int, float] = defaultdict(float)
-    for row in timing_rows:
-        if not row["warmup"]:
-            slowest[row["step"]] = max(slowest[row["step"]], row["step_s"])
-    step_times = np.array(list(slowest.values()))
-    timed_samples = sum(row["samples"] for row in timing_rows if not row["warmup"])
-    train = [r for r in loss_rows if r["split"] == "train"]
-    val = [r for r in loss_rows if r["split"] == "val"]
+    """summary.csv's row from the slowest rank's time of each timed step and the last train/val rows."""
+    times = np.asarray(step_times, dtype=float)
 
     def pct(q: float) -> float | None:
-        return float(np.percentile(step_times, q)) if len(step_times) else None
+        return float(np.percentile(times, q)) if len(times) else None
 
+    train, val = last.get("train", {}), last.get("val", {})
     return {
         "run_id": meta["run_id"],
         "backend": meta["backend"],
         "world_size": meta["world_size"],
         "workload": meta["workload"],
         "global_batch": meta["global_batch"],
-        "timed_steps": len(step_times),
+        "timed_steps": len(times),
         "samples_per_s": timed_samples / timed_wall_s if timed_wall_s > 0 and timed_samples else None,
         "step_p50_s": pct(50),
         "step_p90_s": pct(90),
         "step_p99_s": pct(99),
-        "final_train_loss": train[-1]["loss"] if train else None,
-        "final_val_loss": val[-1]["loss"] if val else None,
-        "final_val_accuracy": val[-1]["accuracy"] if val else None,
+        "final_train_loss": train.get("loss"),
+        "final_val_loss": val.get("loss"),
+        "final_val_accuracy": val.get("accuracy"),
         "wall_s": timed_wall_s,
     }

@@ -44,7 +44,7 @@ def make_run(
     ]  # fmt: skip
     rec.timing(timing)
     rec.loss(loss)
-    rec.summary(results.summarize(rec.meta, timing, loss, wall))
+    rec.summary(wall)
     rec.finish("completed", timed_wall_s=wall)
     return root / run_id
 
