@@ -107,9 +107,11 @@ def compare(
                 print(f"[compare] {backend} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
             attempts.append(attempt)
     print(write_comparison(root, attempts))
-    if any(a.returncode == 0 for a in attempts):
+    try:
         plots.write([root], root / "report", {"md", "html"})
         print(f"report: {root / 'report' / 'report.html'}")
+    except FileNotFoundError as exc:  # no run completed: nothing to plot
+        print(f"[compare] no report: {exc}", file=sys.stderr)
     print(root)
     return 0 if all(a.returncode == 0 for a in attempts) else 1
 
@@ -131,6 +133,7 @@ def write_comparison(root: Path, attempts: list[Attempt]) -> str:
                 "run_id": a.run_id,
                 "status": "completed" if ok else "failed",
                 "returncode": a.returncode,
+                "command": " ".join(a.command),
                 **{
                     k: stats.get(k)
                     for k in (

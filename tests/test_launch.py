@@ -218,6 +218,8 @@ def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None
     assert list(comparison.backend) == ["ddp", "horovod", "ddp", "horovod"]  # interleaved
     assert (comparison.status == "completed").all() and (comparison.samples_per_s > 0).all()
     assert {meta_of(tmp_path / "cmp" / r)["launcher"] for r in comparison.run_id} == {"mpirun"}
+    assert comparison.command.str.startswith("mpirun -np 2").all()
+    assert meta_of(tmp_path / "cmp" / "ddp-r0")["config"]["steps_per_epoch"] == 6  # options pass through
     assert "samples/s" in proc.stdout and "loss curves: max abs difference" in proc.stdout
     agreement = float(proc.stdout.split("between backends")[1].split()[0])
     assert agreement < 1e-5
