@@ -80,6 +80,3 @@ class Backend(ABC):
     def describe(self) -> dict[str, Any]:
         """Every knob in effect, for run.json."""
         return {"accumulate": self.run.accumulate, "fp16_allreduce": self.run.fp16_allreduce}
-
-    def versions(self) -> dict[str, str]:
-        return {}

@@ -93,8 +93,3 @@ class HorovodBackend(Backend):
             "controller": "gloo" if hvd.gloo_enabled() else "mpi",
             "broadcast_buffers": False,  # Horovod: buffers are broadcast once at start, never per step
         }
-
-    def versions(self) -> dict[str, str]:
-        import horovod
-
-        return {"horovod": horovod.__version__}

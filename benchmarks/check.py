@@ -64,7 +64,8 @@ def read_frame(path: Path) -> tuple[pd.DataFrame | None, list[Problem]]:
         if size:
             handle.seek(size - 1)
             if handle.read(1) != b"\n":
-                lines = sum(1 for _ in open(path, "rb"))
+                handle.seek(0)
+                lines = sum(1 for _ in handle)
                 problems.append(Problem(path, lines, "truncated last line (no newline): the writer died mid-row"))
     try:
         frame = pd.read_csv(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,8 +123,6 @@ def default_report_dir(paths: Sequence[str]) -> Path:
     """<dir>/report for one directory, otherwise a fresh results/reports/<time>."""
     if len(paths) == 1 and Path(paths[0]).is_dir():
         return Path(paths[0]) / "report"
-    import datetime
-
     return Path("results/reports") / datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
 
 

@@ -302,7 +302,7 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
             "config": dataclasses.asdict(cfg), "knobs": {}, "threads": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "optimizer": {"name": "SGD", "lr": cfg.lr, "momentum": 0.9},
-            "versions": {**environment.versions(), **backend.versions()},
+            "versions": environment.versions(),
             "hosts": hosts, "command": sys.argv, "start_time": started,
             "host": socket.gethostname(), "pid": os.getpid(),
         }  # fmt: skip

@@ -140,7 +140,8 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
 def _local_tasks(env: Mapping[str, str]) -> int:
     # SLURM_TASKS_PER_NODE looks like "4(x2),3"; the local count is the first group's.
     value = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
-    return int(re.match(r"\d+", value).group(0)) if re.match(r"\d+", value) else 1
+    match = re.match(r"\d+", value)
+    return int(match.group(0)) if match else 1
 
 
 def check_supported(backend: str, supported: tuple[str, ...], info: LaunchInfo) -> None:

@@ -8,7 +8,6 @@ generated whole from a generator seeded only by `seed`. A user's own workload is
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -204,6 +203,6 @@ def load(name: str, seed: int, train_size: int | None = None, val_size: int | No
     else:
         raise ValueError(f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)")
     workload = factory(seed, train_size, val_size)
-    if not math.prod(workload.val[0].shape[:1]):
+    if len(workload.val[0]) == 0:
         raise ValueError(f"workload '{name}' has an empty validation set")
     return workload
