@@ -1,10 +1,11 @@
-"""`distbench` command line: run, compare, report, doctor.
+"""`distbench` command line: run, compare, report, check, doctor.
 
 distbench doctor                                   what this machine can run
 torchrun --standalone --nproc-per-node 2 -m benchmarks.cli run --backend ddp --workload mlp
 horovodrun -np 2 --gloo python -m benchmarks.cli run --backend horovod --workload mlp
 distbench compare                                  the default DDP-vs-Horovod comparison
 distbench report results/runs/<compare-id>         tables, plots, report.md/html
+distbench check results/runs/*                     validate result files against the contract
 """
 
 from __future__ import annotations
