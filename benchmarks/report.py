@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,16 +48,6 @@ def find_run_dirs(*paths: str | Path) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def read_meta(run_dir: Path) -> dict:
-    meta = json.loads((run_dir / results.RUN_JSON).read_text())
-    if meta.get("schema_version") not in results.KNOWN_SCHEMAS:
-        raise SchemaError(
-            f"{run_dir / results.RUN_JSON}: schema_version {meta.get('schema_version')!r} is not one of "
-            f"{sorted(results.KNOWN_SCHEMAS)}; upgrade distbench to read it"
-        )
-    return meta
-
-
 def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
     """Load runs into tidy frames; timing and loss rows carry their run's metadata.
 
@@ -70,10 +59,12 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
         raise FileNotFoundError(f"no run directories (with {results.RUN_JSON}) under {', '.join(map(str, paths))}")
     metas, timings, losses, skipped = [], [], [], []
     for run_dir in dirs:
-        meta = read_meta(run_dir)
+        meta, problems = check.meta_problems(run_dir)  # the one reader of run.json
+        if meta is None or meta.get("schema_version") not in results.KNOWN_SCHEMAS:
+            raise SchemaError(f"{'; '.join(map(str, problems))}; upgrade distbench to read it")
         meta["status"] = results.effective_status(meta)
         frames = check.read_frames(run_dir)
-        problems = check.check_frames(run_dir, meta, frames)
+        problems += check.check_frames(run_dir, meta, frames)
         if not include_failed and (meta["status"] != "completed" or problems):
             why = f"status {meta['status']}" if meta["status"] != "completed" else f"{len(problems)} check problems"
             skipped.append(f"{run_dir}: {why}")
