@@ -1,6 +1,7 @@
 # distbench: every target does whatever set-up is missing, and nothing more.
 #   make demo    the DDP-vs-Horovod comparison
-#   make test    the whole test suite
+#   make test    the whole test suite (tests/unit, then tests/integration with real launchers)
+#   make test-fast  the in-process unit tests (under a minute)
 #   make lint    ruff
 # Override: make test TORCH_SPEC='torch==2.14.1'; make test VENV=/path/to/env TORCH_SPEC= (keep its torch);
 #           make test PYTEST_ARGS='-k launch -x'.
@@ -13,7 +14,7 @@ PY         := $(VENV)/bin/python
 # The stamp's name carries TORCH_SPEC, so a different spec re-runs the install.
 STAMP      := $(VENV)/.distbench-deps-$(shell echo '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
 
-.PHONY: setup horovod demo test lint clean
+.PHONY: setup horovod demo test test-fast lint clean
 
 $(PY):
 	$(PYTHON3) -m venv $(VENV)
@@ -36,7 +37,11 @@ demo: setup
 	$(VENV)/bin/distbench compare
 
 test: setup
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/unit tests/integration $(PYTEST_ARGS)
+
+# In-process tests only: run them after every change.
+test-fast: setup
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from backends.base import Backend, ReduceOp
 from benchmarks import launch
+from benchmarks.launch import rendezvous
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "mean": dist.ReduceOp.SUM}
 
@@ -32,11 +33,7 @@ class DDPBackend(Backend):
 
     def init(self) -> None:
         info = self.launch
-        addr, port = info.master_addr, info.master_port
-        if info.launcher == launch.MPIRUN:
-            addr, port = launch.share_rendezvous_over_mpi()
-        elif addr is None:  # plain python: a one-process group
-            addr, port = "127.0.0.1", launch.free_port()
+        addr, port = rendezvous.endpoint(info)
         self.dist_backend = self.ddp.dist_backend or ("nccl" if self.run.device == "cuda" else "gloo")
         if self.run.device == "cuda":
             torch.cuda.set_device(info.local_rank)

@@ -43,7 +43,7 @@ def validate(backend: str, cfg: RunConfig) -> None:
     if cfg.warmup_steps < 0 or cfg.timeout <= 0:
         raise InputError("--warmup-steps must be >= 0 and --timeout > 0")
     if cfg.inject_fault:
-        from benchmarks import faults
+        from benchmarks.run import faults
 
         try:
             faults.Fault.parse(cfg.inject_fault)
@@ -57,7 +57,9 @@ def validate(backend: str, cfg: RunConfig) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from benchmarks import harness, launch, results
+    from benchmarks import launch
+    from benchmarks.run import harness
+    from benchmarks.run import recorder as results
 
     cfg = config.from_namespace(RunConfig, args)
     try:
@@ -77,7 +79,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from benchmarks import compare, harness
+    from benchmarks.run import harness
+    from benchmarks.suite import compare
 
     cfg = config.from_namespace(RunConfig, args)
     names = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -104,7 +107,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from benchmarks import plots, report
+    from benchmarks.analysis import load, report
 
     formats = {f.strip() for f in args.format.split(",") if f.strip()}
     if not formats <= {"md", "html"}:
@@ -112,8 +115,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     out = Path(args.out) if args.out else default_report_dir(args.paths)
     try:
-        print(plots.write(args.paths, out, formats, include_failed=args.include_failed))
-    except (FileNotFoundError, report.SchemaError) as exc:
+        print(report.write(args.paths, out, formats, include_failed=args.include_failed))
+    except (FileNotFoundError, load.SchemaError) as exc:
         print(f"distbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(out)
@@ -128,9 +131,9 @@ def default_report_dir(paths: Sequence[str]) -> Path:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from benchmarks import check, report
+    from benchmarks.analysis import check, load
 
-    dirs = report.find_run_dirs(*args.paths)
+    dirs = load.find_run_dirs(*args.paths)
     if not dirs:
         print(f"distbench: error: no run directories (with run.json) under {' '.join(args.paths)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -178,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one launcher for every backend (default: torchrun for ddp, horovodrun for horovod)",
     )
     add_run_options(cmp)
-    from benchmarks.compare import DEFAULTS
+    from benchmarks.suite.compare import DEFAULTS
 
     cmp.set_defaults(func=_cmd_compare, **DEFAULTS)
 

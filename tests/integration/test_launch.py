@@ -9,58 +9,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchmarks import launch
-
-from .conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
+from benchmarks.launch import rendezvous
+from tests.conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
 
 TINY = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "4", "--warmup-steps", "1", "--quiet"]
 
 
 def meta_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
-
-
-# --- detection from the environment alone -------------------------------------------------------
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        ({"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-          "GROUP_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"},
-         launch.LaunchInfo("torchrun", 3, 1, 4, 2, 1, "h0", 1234)),
-        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-          "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
-         launch.LaunchInfo("mpirun", 1, 1, 2, 2, detail="mpi")),
-        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "NCCL_SOCKET_IFNAME": "lo",
-          "OMPI_MCA_btl_tcp_if_include": "lo"},
-         launch.LaunchInfo("horovodrun", 0, 0, 2, 1, detail="mpi")),
-        ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
-          "HOROVOD_CROSS_RANK": "0"},
-         launch.LaunchInfo("horovodrun", 1, 1, 2, 2, 0, detail="gloo")),
-        ({"PMI_RANK": "2", "PMI_SIZE": "4"}, launch.LaunchInfo("mpirun", 2, 0, 4, 1, detail="mpi")),
-        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
-          "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_ID": "42",
-          "SLURM_JOB_NODELIST": "gpu[07-10]"},
-         launch.LaunchInfo("srun", 5, 1, 8, 2, 2, "gpu07", 15042)),
-        # an sbatch script itself has SLURM_PROCID but no step: a plain single process
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n1"}, launch.LaunchInfo("python")),
-        ({}, launch.LaunchInfo("python")),
-    ],
-)  # fmt: skip
-def test_detect(env: dict[str, str], expected: launch.LaunchInfo) -> None:
-    assert launch.detect(env) == expected
-
-
-@pytest.mark.parametrize(
-    ("nodelist", "hosts"),
-    [
-        ("node1", ["node1"]),
-        ("node[01-03,7]", ["node01", "node02", "node03", "node7"]),
-        ("a[1-2],b5,c[08-09]-ib", ["a1", "a2", "b5", "c08-ib", "c09-ib"]),
-        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
-    ],
-)
-def test_expand_slurm_nodelist(nodelist: str, hosts: list[str]) -> None:
-    assert launch.expand_slurm_nodelist(nodelist) == hosts
 
 
 # --- real jobs ---------------------------------------------------------------------------------------
@@ -86,7 +42,7 @@ def test_horovodrun_controllers(tmp_path, controller: str, expected: str, horovo
 @pytest.mark.timeout(180)
 def test_ddp_under_srun_environment(tmp_path) -> None:
     """Two ranks started the way srun starts them: only SLURM_* variables say who is who."""
-    port = launch.free_port()
+    port = rendezvous.free_port()
     procs = []
     for rank in range(2):
         env = launcher_env(
@@ -123,7 +79,7 @@ def test_single_refuses_more_than_one_process(tmp_path) -> None:
 @pytest.mark.timeout(240)
 def test_two_torchrun_agents_form_one_job(tmp_path) -> None:
     """Two torchrun agents on localhost, as on two machines: c10d rendezvous, 2 nodes × 2 ranks."""
-    port = launch.free_port()
+    port = rendezvous.free_port()
     agents = []
     for node in range(2):
         cmd = [

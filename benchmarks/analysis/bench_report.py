@@ -1,6 +1,6 @@
 """Micro-benchmark: `distbench report` on a compare directory of about a million timing rows.
 
-    .venv/bin/python -m benchmarks.bench_report [--rows 1000000] [--target-s 5]
+    .venv/bin/python -m benchmarks.analysis.bench_report [--rows 1000000] [--target-s 5]
 
 Writes a synthetic comparison (2 backends × 3 repeats × 4 ranks) in the real file format to a
 temporary directory, times loading + statistics + plots + report files, and exits 1 when slower
@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks import plots, results
+from benchmarks.analysis import report
+from benchmarks.run import recorder as results
 
 
 def write_synthetic_compare(root: Path, rows: int, ranks: int = 4, seed: int = 0) -> None:
@@ -64,7 +65,7 @@ def main() -> int:
         root = Path(tmp) / "compare"
         write_synthetic_compare(root, args.rows)
         start = time.perf_counter()
-        plots.write([root], root / "report", {"md", "html"})
+        report.write([root], root / "report", {"md", "html"})
         elapsed = time.perf_counter() - start
     verdict = "ok" if elapsed < args.target_s else "SLOWER THAN TARGET"
     print(f"report on {args.rows:,} timing rows: {elapsed:.2f} s (target < {args.target_s:.1f} s) {verdict}")

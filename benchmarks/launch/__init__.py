@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -154,18 +153,3 @@ def check_supported(backend: str, supported: tuple[str, ...], info: LaunchInfo) 
 
 class WrongLauncherError(RuntimeError):
     """The backend cannot run under the launcher that started this process."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-def share_rendezvous_over_mpi() -> tuple[str, int]:
-    """Agree on rank 0's address and a free port through MPI, so mpirun needs no MASTER_ADDR."""
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    addr_port = (socket.gethostbyname(socket.gethostname()), free_port()) if comm.rank == 0 else None
-    return comm.bcast(addr_port, root=0)

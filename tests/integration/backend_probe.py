@@ -1,6 +1,6 @@
 """Run under a launcher: exercise one backend's collectives and print what rank 0 saw, as JSON.
 
-torchrun --standalone --nproc-per-node 2 tests/backend_probe.py ddp
+torchrun --standalone --nproc-per-node 2 tests/integration/backend_probe.py ddp
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchmarks import check, faults
-
-from .conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
+from benchmarks.analysis import check
+from benchmarks.run import faults
+from tests.conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
 
 TIMEOUT = 10
 MARGIN = 45  # start-up of two ranks (torch, Horovod) and the launcher's own shutdown on 2 busy cores
@@ -124,13 +124,13 @@ def test_check_command_exit_codes(good_run, tmp_path) -> None:
 
 
 def test_report_leaves_out_invalid_runs_unless_asked(good_run, tmp_path) -> None:
-    from benchmarks import report
+    from benchmarks.analysis import load
 
     run = _copy(good_run, tmp_path)
     (run / "timing.csv").write_bytes((run / "timing.csv").read_bytes()[:-5])
     with pytest.raises(FileNotFoundError, match="check problems"):
-        report.load_runs(run)
-    assert len(report.load_runs(run, include_failed=True).runs) == 1
+        load.load_runs(run)
+    assert len(load.load_runs(run, include_failed=True).runs) == 1
 
 
 def _limit_file_size() -> None:

@@ -1,10 +1,7 @@
-"""Report figures (matplotlib, PNG) and the report.md / self-contained report.html around them."""
+"""Report figures (matplotlib, PNG)."""
 
 from __future__ import annotations
 
-import base64
-import html
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -13,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from benchmarks import report  # noqa: E402
+from benchmarks.analysis.load import RunSet  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -33,7 +30,7 @@ def throughput(table: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
-def step_times(rs: report.RunSet, path: Path) -> Path:
+def step_times(rs: RunSet, path: Path) -> Path:
     timed = rs.timing[~rs.timing["warmup"].astype(bool)]
     slowest = timed.groupby(["backend", "run_id", "step"], sort=False, observed=True)["step_s"].max().reset_index()
     names = list(dict.fromkeys(slowest.backend))
@@ -45,7 +42,7 @@ def step_times(rs: report.RunSet, path: Path) -> Path:
     return _save(fig, path)
 
 
-def loss_curves(rs: report.RunSet, path: Path) -> Path:
+def loss_curves(rs: RunSet, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for i, (backend, rows) in enumerate(rs.loss.groupby("backend", sort=False)):
         first = rows[rows.run_id == rows.run_id.min()]
@@ -80,50 +77,3 @@ def phases(table: pd.DataFrame, path: Path) -> Path:
     ax.set_title("Where a step's time goes")
     ax.legend(fontsize=8)
     return _save(fig, path)
-
-
-def _markdown(frame: pd.DataFrame) -> str:
-    def cell(value: object) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def write(paths: list[str | Path], out: Path, formats: set[str], include_failed: bool = False) -> str:
-    """Write PNGs and report.md/report.html into `out`; return the terminal summary table."""
-    rs = report.load_runs(*paths, include_failed=include_failed)
-    for line in rs.skipped:
-        print(f"distbench: left out {line} (--include-failed takes it)", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
-    per_run = report.per_run_stats(rs)
-    table = report.backend_table(per_run)
-    summary = report.format_table(table, report.loss_agreement(rs))
-    scale = report.scaling(per_run)
-    images = [throughput(table, out / "throughput.png")]
-    if len(rs.timing):
-        images += [step_times(rs, out / "step_times.png"), phases(report.phase_breakdown(rs), out / "phases.png")]
-    if len(rs.loss):
-        images.append(loss_curves(rs, out / "loss_curves.png"))
-    if len(scale):
-        images.append(scaling_efficiency(scale, out / "scaling.png"))
-    tables = {"Per backend": table, "Per run": per_run}
-    if len(scale):
-        tables["Scaling"] = scale
-    if "md" in formats:
-        md = ["# distbench report", "", "```", summary, "```", ""]
-        for title, frame in tables.items():
-            md += [f"## {title}", "", _markdown(frame), ""]
-        md += [f"![{p.stem}]({p.name})" for p in images]
-        (out / "report.md").write_text("\n".join(md) + "\n")
-    if "html" in formats:
-        parts = ["<!doctype html><meta charset='utf-8'><title>distbench report</title>",
-                 "<h1>distbench report</h1>", f"<pre>{html.escape(summary)}</pre>"]  # fmt: skip
-        for title, frame in tables.items():
-            parts += [f"<h2>{html.escape(title)}</h2>", frame.to_html(index=False, float_format="%.4g")]
-        for p in images:
-            data = base64.b64encode(p.read_bytes()).decode()
-            parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")
-        (out / "report.html").write_text("\n".join(parts) + "\n")
-    return summary

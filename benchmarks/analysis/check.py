@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchmarks import results
+from benchmarks.run import recorder as results
 
 REQUIRED_META = ("schema_version", "run_id", "backend", "launcher", "world_size", "workload", "status")
 STATUSES = ("running", "completed", "failed")

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import guard
+from benchmarks.run import guard
 
 SCHEMA_VERSION = 1
 KNOWN_SCHEMAS = frozenset({1})

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks import launch, plots, report, results
+from benchmarks import launch
+from benchmarks.analysis import load, report, tables
 from benchmarks.config import InputError
+from benchmarks.run import recorder as results
 
 DEFAULT_LAUNCHER = {"ddp": launch.TORCHRUN, "horovod": launch.HOROVODRUN, "single": launch.PYTHON}
 # The embedded default: about a minute on 2 cores, and a communication-heavy model so the two
@@ -108,7 +110,7 @@ def compare(
             attempts.append(attempt)
     print(write_comparison(root, attempts))
     try:
-        plots.write([root], root / "report", {"md", "html"})
+        report.write([root], root / "report", {"md", "html"})
         print(f"report: {root / 'report' / 'report.html'}")
     except FileNotFoundError as exc:  # no run completed: nothing to plot
         print(f"[compare] no report: {exc}", file=sys.stderr)
@@ -118,9 +120,9 @@ def compare(
 
 def write_comparison(root: Path, attempts: list[Attempt]) -> str:
     """comparison.csv (one row per run, failures included) and the terminal table."""
-    found = report.find_run_dirs(root)
-    rs = report.load_runs(root, include_failed=True) if found else None
-    per_run = report.per_run_stats(rs) if rs is not None else pd.DataFrame(columns=["run_id"])
+    found = load.find_run_dirs(root)
+    rs = load.load_runs(root, include_failed=True) if found else None
+    per_run = tables.per_run_stats(rs) if rs is not None else pd.DataFrame(columns=["run_id"])
     rows = []
     for a in attempts:
         match = per_run[per_run.run_id == a.run_id]
@@ -150,6 +152,6 @@ def write_comparison(root: Path, attempts: list[Attempt]) -> str:
         )
     comparison = pd.DataFrame(rows)
     comparison.to_csv(root / "comparison.csv", index=False)
-    table = report.backend_table(comparison)
-    agreement = report.loss_agreement(rs) if rs is not None else float("nan")
-    return report.format_table(table, agreement)
+    table = tables.backend_table(comparison)
+    agreement = tables.loss_agreement(rs) if rs is not None else float("nan")
+    return tables.format_table(table, agreement)

@@ -1,51 +1,17 @@
-"""The shared harness: the same train/validate loop for every backend.
-
-Launch commands (from the repository root, inside `.venv`):
-
-    torchrun --standalone --nproc-per-node 2 -m benchmarks.cli run --backend ddp --workload mlp
-    horovodrun -np 2 --gloo python -m benchmarks.cli run --backend horovod --workload mlp
-    mpirun -np 2 --oversubscribe python -m benchmarks.cli run --backend ddp --workload mlp
-    python -m benchmarks.cli run --backend single --workload mlp --batch-size 64
-
-Each step is timed on every rank with no collective inside the timed path: per-rank timings and
-losses are buffered and gathered to rank 0 every `--flush-every` steps and at epoch end.
-"""
+"""The training loop every backend shares: timed steps with no collective inside, gathers between
+steps, exact validation. `harness.run` builds one and calls `fit()`."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import os
-import re
-import secrets
-import shutil
-import socket
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-import backends
 from backends.base import Backend
-from benchmarks import environment, faults, guard, launch, progress, results, sharding, workloads
-from benchmarks.config import DDPConfig, HorovodConfig, InputError, RunConfig
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def default_threads(local_world_size: int) -> int:
-    """Cores ÷ local ranks, at least 1: the same rule under every launcher."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
-
-
-def new_run_id(backend: str, workload: str, world_size: int) -> str:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", workload)
-    return f"{stamp}-{backend}-{safe}-w{world_size}-{secrets.token_hex(2)}"
+from benchmarks.config import RunConfig
+from benchmarks.run import faults, guard, progress, sharding, workloads
+from benchmarks.run import recorder as results
 
 
 class Trainer:
@@ -224,103 +190,3 @@ class Trainer:
             if self.recorder is not None:
                 self.recorder.loss([val])
         self.progress.close()
-
-
-def _open_recorder(backend: Backend, cfg: RunConfig, meta: dict[str, Any]) -> results.Recorder | None:
-    """Rank 0 creates the run directory; every rank learns whether that worked, so none hangs."""
-    recorder, error = None, None
-    run_dir = Path(cfg.out) / meta["run_id"]
-    if backend.rank == 0:
-        try:
-            if cfg.overwrite and run_dir.exists():
-                shutil.rmtree(run_dir)
-            recorder = results.Recorder(run_dir, meta)
-        except FileExistsError:
-            error = f"run directory {run_dir} already exists; choose another --run-id or pass --overwrite"
-        except OSError as exc:
-            error = f"cannot write to --out {cfg.out} ({exc.strerror}); choose a writable --out"
-    error = backend.broadcast_object(error)
-    if error:
-        raise InputError(error)
-    return recorder
-
-
-def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload:
-    """The workload, or an InputError when it cannot be built or gives a rank no full batch."""
-    try:
-        workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    shard = len(workload.train[0]) // world_size
-    if shard < cfg.batch_size * cfg.accumulate:
-        raise InputError(
-            f"--batch-size {cfg.batch_size} × --accumulate {cfg.accumulate} is larger than each rank's share "
-            f"of the {len(workload.train[0])} training samples ({shard} on {world_size} ranks); "
-            "lower --batch-size or raise --train-size"
-        )
-    return workload
-
-
-def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -> Path | None:
-    """Run one benchmark inside whatever launched this process; rank 0 returns the run directory."""
-    info = launch.detect()
-    backend_cls = backends.get(backend_name)
-    launch.check_supported(backend_name, backend_cls.launchers, info)
-    workload = load_checked_workload(cfg, info.world_size)
-    backend_cls.check_available()
-    fault = faults.Fault.parse(cfg.inject_fault) if cfg.inject_fault else None
-    threads = cfg.threads or default_threads(info.local_world_size)
-    torch.set_num_threads(threads)
-    started = _now()
-    backend = backend_cls(cfg, ddp, hvd, info)
-    recorder: results.Recorder | None = None
-    run_dir: Path | None = None
-
-    def record_failure(error: str) -> None:
-        if recorder is not None and recorder.meta["status"] == "running":
-            notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != backend.rank]
-            root = notes[0] if notes else {"rank": backend.rank, "error": error}
-            recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
-                            rank0_error=error)  # fmt: skip
-        elif run_dir is not None and backend.rank != 0:
-            guard.write_failure_note(run_dir, backend.rank, error)
-
-    guard.install_sigterm_watcher(lambda: record_failure("terminated by SIGTERM (a launcher stopping the job)"))
-    watchdog = guard.Watchdog(cfg.timeout, record_failure)  # its grace lets collectives' own timeouts fire first
-    backend.init()
-    watchdog.beat()
-    try:
-        run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
-        run_dir = Path(cfg.out) / run_id
-        hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
-        meta = {
-            "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
-            "launcher_detail": info.detail, "world_size": info.world_size,
-            "local_world_size": info.local_world_size, "workload": cfg.workload,
-            "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
-            "train_size": len(workload.train[0]), "val_size": len(workload.val[0]),
-            "config": dataclasses.asdict(cfg), "knobs": {}, "threads": threads,
-            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-            "optimizer": {"name": "SGD", "lr": cfg.lr, "momentum": 0.9},
-            "versions": environment.versions(),
-            "hosts": hosts, "command": sys.argv, "start_time": started,
-            "host": socket.gethostname(), "pid": os.getpid(),
-        }  # fmt: skip
-        recorder = _open_recorder(backend, cfg, meta)
-        trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
-        if recorder is not None:
-            recorder.meta["knobs"] = backend.describe()
-        trainer.fit()
-        if recorder is not None:
-            recorder.summary(trainer.timed_wall_s)
-            recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
-            return recorder.run_dir
-        return None
-    except BaseException as exc:
-        if not isinstance(exc, InputError):
-            record_failure(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        raise
-    finally:
-        watchdog.beat()  # shutting down may wait on peers too; give it a full timeout
-        backend.shutdown()
-        watchdog.stop()

@@ -11,9 +11,9 @@ import nbformat
 import numpy as np
 import pytest
 
-from benchmarks import plots, report, results, stats
-
-from .conftest import REPO
+from benchmarks.analysis import load, report, stats, tables
+from benchmarks.run import recorder as results
+from tests.conftest import REPO
 
 
 def make_run(
@@ -52,7 +52,7 @@ def make_run(
 def test_per_run_statistics_match_hand_computed_values(tmp_path) -> None:
     # Two ranks, 5 steps, the first is warm-up. Slowest rank per timed step: 0.2, 0.4, 0.3, 0.5.
     make_run(tmp_path, "a", "ddp", [[9.0, 0.2, 0.1, 0.3, 0.5], [9.0, 0.1, 0.4, 0.2, 0.1]], wall=2.0)
-    row = report.per_run_stats(report.load_runs(tmp_path)).iloc[0]
+    row = tables.per_run_stats(load.load_runs(tmp_path)).iloc[0]
     assert row.samples_per_s == pytest.approx(4 * 2 * 10 / 2.0)  # timed samples of both ranks ÷ wall
     assert row.step_p50_s == pytest.approx(0.35)  # median of 0.2, 0.3, 0.4, 0.5
     assert row.step_p90_s == pytest.approx(0.47)  # linear interpolation: 0.4 + 0.7 × 0.1
@@ -70,24 +70,24 @@ def _repeats(tmp_path: Path, walls: dict[str, list[float]]) -> report.RunSet:
     for backend, values in walls.items():
         for i, wall in enumerate(values):
             make_run(tmp_path, f"{backend}-r{i}", backend, [[1.0, 0.1, 0.1]], wall=wall)
-    return report.load_runs(tmp_path)
+    return load.load_runs(tmp_path)
 
 
 def test_clear_difference_is_called(tmp_path) -> None:
     # 2 timed steps × 10 samples: throughput 20/wall. ddp 100/s-ish, horovod 150/s-ish.
     rs = _repeats(tmp_path, {"ddp": [0.2, 0.2 / 1.02, 0.2 / 0.98], "horovod": [0.2 / 1.5, 0.2 / 1.52, 0.2 / 1.48]})
-    table = report.backend_table(report.per_run_stats(rs)).set_index("backend")
+    table = tables.backend_table(tables.per_run_stats(rs)).set_index("backend")
     assert table.loc["ddp", "samples_per_s"] == pytest.approx(100.0)
     assert table.loc["horovod", "ratio"] == pytest.approx(1.5)
     assert table.loc["horovod", "ratio_low"] > 1.0
-    text = report.format_table(table.reset_index(), 0.0)
+    text = tables.format_table(table.reset_index(), 0.0)
     assert "horovod is 1.50× ddp" in text
 
 
 def test_no_difference_is_called(tmp_path) -> None:
     rs = _repeats(tmp_path, {"ddp": [0.2, 0.2 / 1.1, 0.2 / 0.9], "horovod": [0.2 / 1.01, 0.2 / 0.95, 0.2 / 1.08]})
-    table = report.backend_table(report.per_run_stats(rs))
-    assert "no significant difference between horovod and ddp" in report.format_table(table, 0.0)
+    table = tables.backend_table(tables.per_run_stats(rs))
+    assert "no significant difference between horovod and ddp" in tables.format_table(table, 0.0)
 
 
 def test_bootstrap_ratio_ci_covers_the_true_ratio() -> None:
@@ -104,7 +104,7 @@ def test_bootstrap_ratio_ci_covers_the_true_ratio() -> None:
 def test_scaling_efficiency(tmp_path) -> None:
     make_run(tmp_path, "w1", "single", [[1.0, 0.1, 0.1]], wall=0.2)  # 20 samples / 0.2 s = 100/s
     make_run(tmp_path, "w2", "ddp", [[1.0, 0.1, 0.1], [1.0, 0.1, 0.1]], wall=40 / 180)  # 180/s
-    table = report.scaling(report.per_run_stats(report.load_runs(tmp_path))).set_index("world_size")
+    table = tables.scaling(tables.per_run_stats(load.load_runs(tmp_path))).set_index("world_size")
     assert table.loc[2, "speedup"] == pytest.approx(1.8)
     assert table.loc[2, "efficiency"] == pytest.approx(0.9)
 
@@ -112,20 +112,20 @@ def test_scaling_efficiency(tmp_path) -> None:
 def test_loss_agreement(tmp_path) -> None:
     make_run(tmp_path, "a", "ddp", [[1.0, 0.1, 0.1]], wall=1.0, losses=[1.0, 0.8, 0.6])
     make_run(tmp_path, "b", "horovod", [[1.0, 0.1, 0.1]], wall=1.0, losses=[1.0, 0.85, 0.6])
-    assert report.loss_agreement(report.load_runs(tmp_path)) == pytest.approx(0.05)
+    assert tables.loss_agreement(load.load_runs(tmp_path)) == pytest.approx(0.05)
 
 
 def test_unknown_schema_version_is_refused(tmp_path) -> None:
     run = make_run(tmp_path, "a", "ddp", [[1.0, 0.1]], wall=1.0)
     meta = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**meta, "schema_version": 99}))
-    with pytest.raises(report.SchemaError, match="schema_version 99"):
-        report.load_runs(tmp_path)
+    with pytest.raises(load.SchemaError, match="schema_version 99"):
+        load.load_runs(tmp_path)
 
 
 def test_report_files_embed_their_images(tmp_path) -> None:
     _repeats(tmp_path / "runs", {"ddp": [0.2, 0.21], "horovod": [0.3, 0.31]})
-    summary = plots.write([tmp_path / "runs"], tmp_path / "out", {"md", "html"})
+    summary = report.write([tmp_path / "runs"], tmp_path / "out", {"md", "html"})
     assert "ddp" in summary and "horovod" in summary
     pngs = sorted((tmp_path / "out").glob("*.png"))
     assert {p.stem for p in pngs} >= {"throughput", "step_times", "loss_curves", "phases"}
@@ -149,7 +149,7 @@ def test_notebook_executes_against_the_reference_data() -> None:
 
 @pytest.mark.timeout(120)
 def test_report_command_on_the_reference_comparison(tmp_path) -> None:
-    from .conftest import BIN, run_ok
+    from tests.conftest import BIN, run_ok
 
     proc = run_ok([str(BIN / "distbench"), "report", str(REPO / "results/reference/2026-11-29-cpu-2core"),
                    "--out", str(tmp_path), "--format", "html"])  # fmt: skip

@@ -1,0 +1,35 @@
+"""Rendezvous for torch.distributed: where rank 0 listens, whatever launcher started the job.
+
+torchrun and srun say it in the environment (`LaunchInfo.master_addr/port`); under mpirun rank 0
+picks its address and a free port and tells the others over MPI; a lone python process needs no peer.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from benchmarks.launch import MPIRUN, LaunchInfo
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def share_rendezvous_over_mpi() -> tuple[str, int]:
+    """Agree on rank 0's address and a free port through MPI, so mpirun needs no MASTER_ADDR."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    addr_port = (socket.gethostbyname(socket.gethostname()), free_port()) if comm.rank == 0 else None
+    return comm.bcast(addr_port, root=0)
+
+
+def endpoint(info: LaunchInfo) -> tuple[str, int]:
+    """The tcp:// address and port every rank of this job uses to form a process group."""
+    if info.launcher == MPIRUN:
+        return share_rendezvous_over_mpi()
+    if info.master_addr is None:  # plain python: a one-process group
+        return "127.0.0.1", free_port()
+    return info.master_addr, info.master_port or 29500
