@@ -5,26 +5,29 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
 
-from benchmarks.config import DDPConfig, HorovodConfig, RunConfig
+from benchmarks.config import NoOptions, RunConfig
 from benchmarks.launch import LaunchInfo
 
 ReduceOp = Literal["sum", "mean", "max"]
+Options = TypeVar("Options")
 
 
-class Backend(ABC):
+class Backend(ABC, Generic[Options]):
     """One data-parallel framework. The harness never branches on which one it holds."""
 
     name: ClassVar[str]
     launchers: ClassVar[tuple[str, ...]]
     """Launchers this backend can run under; anything else is refused before any work."""
+    options_type: ClassVar[type] = NoOptions
+    """The config dataclass of this backend's own knobs (config.DDPConfig, config.HorovodConfig)."""
 
-    def __init__(self, run: RunConfig, ddp: DDPConfig, hvd: HorovodConfig, launch: LaunchInfo) -> None:
-        self.run, self.ddp, self.hvd, self.launch = run, ddp, hvd, launch
+    def __init__(self, run: RunConfig, options: Options, launch: LaunchInfo) -> None:
+        self.run, self.options, self.launch = run, options, launch
         self.device = torch.device("cpu")
 
     @classmethod

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from backends.base import Backend, ReduceOp
 from benchmarks import launch
+from benchmarks.config import DDPConfig
 from benchmarks.launch import rendezvous
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "mean": dist.ReduceOp.SUM}
@@ -27,14 +28,15 @@ def _buffer_sync_kwarg(enabled: bool) -> dict[str, bool]:
     return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": enabled}
 
 
-class DDPBackend(Backend):
+class DDPBackend(Backend[DDPConfig]):
     name = "ddp"
+    options_type = DDPConfig
     launchers = (launch.TORCHRUN, launch.MPIRUN, launch.SRUN, launch.PYTHON)
 
     def init(self) -> None:
         info = self.launch
         addr, port = rendezvous.endpoint(info)
-        self.dist_backend = self.ddp.dist_backend or ("nccl" if self.run.device == "cuda" else "gloo")
+        self.dist_backend = self.options.dist_backend or ("nccl" if self.run.device == "cuda" else "gloo")
         if self.run.device == "cuda":
             torch.cuda.set_device(info.local_rank)
             self.device = torch.device("cuda", info.local_rank)
@@ -55,11 +57,11 @@ class DDPBackend(Backend):
         ddp_model = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=self.ddp.bucket_cap_mb,
-            gradient_as_bucket_view=self.ddp.gradient_as_bucket_view,
-            static_graph=self.ddp.static_graph,
-            **_buffer_sync_kwarg(self.ddp.broadcast_buffers),
-            find_unused_parameters=self.ddp.find_unused_parameters,
+            bucket_cap_mb=self.options.bucket_cap_mb,
+            gradient_as_bucket_view=self.options.gradient_as_bucket_view,
+            static_graph=self.options.static_graph,
+            **_buffer_sync_kwarg(self.options.broadcast_buffers),
+            find_unused_parameters=self.options.find_unused_parameters,
         )
         if self.run.fp16_allreduce:
             ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -92,10 +94,10 @@ class DDPBackend(Backend):
         return {
             **super().describe(),
             "dist_backend": self.dist_backend,
-            "bucket_cap_mb": self.ddp.bucket_cap_mb,
-            "gradient_as_bucket_view": self.ddp.gradient_as_bucket_view,
-            "static_graph": self.ddp.static_graph,
-            "broadcast_buffers": self.ddp.broadcast_buffers,
-            "find_unused_parameters": self.ddp.find_unused_parameters,
+            "bucket_cap_mb": self.options.bucket_cap_mb,
+            "gradient_as_bucket_view": self.options.gradient_as_bucket_view,
+            "static_graph": self.options.static_graph,
+            "broadcast_buffers": self.options.broadcast_buffers,
+            "find_unused_parameters": self.options.find_unused_parameters,
             "comm_hook": "fp16_compress_hook" if self.run.fp16_allreduce else None,
         }

@@ -10,7 +10,7 @@ from torch import nn
 
 from backends.base import Backend, ReduceOp
 from benchmarks import launch
-from benchmarks.config import InputError
+from benchmarks.config import HorovodConfig, InputError
 
 INSTALL_HINT = "Horovod is not installed with PyTorch support; run `make setup` or docker/install-horovod.sh"
 
@@ -23,8 +23,9 @@ def import_horovod() -> Any:
     return hvd
 
 
-class HorovodBackend(Backend):
+class HorovodBackend(Backend[HorovodConfig]):
     name = "horovod"
+    options_type = HorovodConfig
     launchers = (launch.HOROVODRUN, launch.MPIRUN, launch.PYTHON)
 
     @classmethod
@@ -36,8 +37,8 @@ class HorovodBackend(Backend):
 
     def init(self) -> None:
         # Horovod: knobs are read from the environment at hvd.init().
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.hvd.fusion_threshold_mb * 1024 * 1024))
-        os.environ["HOROVOD_CYCLE_TIME"] = str(self.hvd.cycle_time_ms)
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.options.fusion_threshold_mb * 1024 * 1024))
+        os.environ["HOROVOD_CYCLE_TIME"] = str(self.options.cycle_time_ms)
         # Horovod: bound every wait by --timeout; a stalled rank ends the job instead of warning forever.
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, int(self.run.timeout)))
         os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, int(self.run.timeout / 2)))
@@ -63,7 +64,7 @@ class HorovodBackend(Backend):
             optimizer,
             named_parameters=model.named_parameters(),
             compression=hvd.Compression.fp16 if self.run.fp16_allreduce else hvd.Compression.none,
-            op=hvd.Adasum if self.hvd.hvd_op == "adasum" else hvd.Average,
+            op=hvd.Adasum if self.options.hvd_op == "adasum" else hvd.Average,
             backward_passes_per_step=self.run.accumulate,
         )
         return model, wrapped
@@ -86,10 +87,10 @@ class HorovodBackend(Backend):
         hvd = self.hvd_module
         return {
             **super().describe(),
-            "fusion_threshold_mb": self.hvd.fusion_threshold_mb,
-            "cycle_time_ms": self.hvd.cycle_time_ms,
+            "fusion_threshold_mb": self.options.fusion_threshold_mb,
+            "cycle_time_ms": self.options.cycle_time_ms,
             "compression": "fp16" if self.run.fp16_allreduce else "none",
-            "op": self.hvd.hvd_op,
+            "op": self.options.hvd_op,
             "controller": "gloo" if hvd.gloo_enabled() else "mpi",
             "broadcast_buffers": False,  # Horovod: buffers are broadcast once at start, never per step
         }

@@ -58,15 +58,14 @@ def validate(backend: str, cfg: RunConfig) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from benchmarks import launch
-    from benchmarks.run import harness
+    from benchmarks.run import harness, workloads
     from benchmarks.run import recorder as results
 
-    cfg = config.from_namespace(RunConfig, args)
+    cfg = workloads.resolve(config.from_namespace(RunConfig, args))
     try:
         validate(args.backend, cfg)
-        run_dir = harness.run(
-            args.backend, cfg, config.from_namespace(DDPConfig, args), config.from_namespace(HorovodConfig, args)
-        )
+        options_type = backends.get(args.backend).options_type
+        run_dir = harness.run(args.backend, cfg, config.from_namespace(options_type, args))
     except (InputError, launch.WrongLauncherError) as exc:
         print(f"distbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -79,10 +78,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from benchmarks.run import harness
+    from benchmarks.run import harness, workloads
     from benchmarks.suite import compare
 
-    cfg = config.from_namespace(RunConfig, args)
+    cfg = workloads.resolve(config.from_namespace(RunConfig, args))
     names = [b.strip() for b in args.backends.split(",") if b.strip()]
     try:
         if args.nproc < 1 or args.repeats < 1:

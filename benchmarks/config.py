@@ -23,10 +23,14 @@ class RunConfig:
     workload: str = _opt("mlp", "workload name (linear, mlp, cnn, transformer) or package.module:factory")
     epochs: int = _opt(2, "number of epochs")
     steps_per_epoch: int | None = _opt(None, "cap on optimizer steps per epoch (default: one pass)")
-    batch_size: int = _opt(32, "per-rank micro-batch size; global batch = batch × world size × accumulate")
+    batch_size: int | None = _opt(
+        None, "per-rank micro-batch size; global batch = batch × world size × accumulate (default: the workload's)"
+    )
     train_size: int | None = _opt(None, "training samples (default: the workload's own)")
     val_size: int | None = _opt(None, "validation samples (default: the workload's own)")
-    lr: float = _opt(0.05, "learning rate of SGD (momentum 0.9), the same for every backend, never scaled")
+    lr: float | None = _opt(
+        None, "learning rate of SGD (momentum 0.9), the same for every backend, never scaled (default: the workload's)"
+    )
     seed: int = _opt(0, "seed for data, initial weights and shuffling")
     warmup_steps: int = _opt(5, "first steps flagged warm-up and left out of summary.csv")
     device: str = _opt("cpu", "cpu or cuda", choices=("cpu", "cuda"))
@@ -65,6 +69,11 @@ class HorovodConfig:
     hvd_op: str = _opt("average", "Horovod reduction op", choices=("average", "adasum"))
 
 
+@dataclass
+class NoOptions:
+    """A backend without knobs of its own (`single`)."""
+
+
 class InputError(ValueError):
     """Bad input caught before any work: one line naming the fix, exit code 2, no result files."""
 
@@ -83,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
             action = argparse.BooleanOptionalAction if f.default else "store_true"
             group.add_argument(flag, action=action, default=f.default, help=help_text)
             continue
-        kind = {"int": int, "int | None": int, "float": float}.get(str(f.type), str)
+        kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(f.type), str)
         group.add_argument(
             flag,
             type=kind,

@@ -29,7 +29,7 @@ import torch
 import backends
 from backends.base import Backend
 from benchmarks import environment, launch
-from benchmarks.config import DDPConfig, HorovodConfig, InputError, RunConfig
+from benchmarks.config import InputError, RunConfig
 from benchmarks.run import faults, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer
@@ -85,8 +85,9 @@ def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload
     return workload
 
 
-def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -> Path | None:
+def run(backend_name: str, cfg: RunConfig, options: Any) -> Path | None:
     """Run one benchmark inside whatever launched this process; rank 0 returns the run directory."""
+    cfg = workloads.resolve(cfg)
     info = launch.detect()
     backend_cls = backends.get(backend_name)
     launch.check_supported(backend_name, backend_cls.launchers, info)
@@ -96,7 +97,7 @@ def run(backend_name: str, cfg: RunConfig, ddp: DDPConfig, hvd: HorovodConfig) -
     threads = cfg.threads or default_threads(info.local_world_size)
     torch.set_num_threads(threads)
     started = _now()
-    backend = backend_cls(cfg, ddp, hvd, info)
+    backend = backend_cls(cfg, options, info)
     recorder: results.Recorder | None = None
     run_dir: Path | None = None
 

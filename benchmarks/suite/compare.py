@@ -26,7 +26,7 @@ DEFAULT_LAUNCHER = {"ddp": launch.TORCHRUN, "horovod": launch.HOROVODRUN, "singl
 # The embedded default: about a minute on 2 cores, and a communication-heavy model so the two
 # frameworks' allreduce strategies actually differ.
 DEFAULTS = {"workload": "transformer", "epochs": 1, "steps_per_epoch": 20, "warmup_steps": 3,
-            "batch_size": 16, "train_size": 1024, "val_size": 128, "lr": 0.3}  # fmt: skip
+            "train_size": 1024, "val_size": 128}  # fmt: skip
 
 
 @dataclass

@@ -12,11 +12,12 @@ import torch
 
 import backends
 from benchmarks import launch
-from benchmarks.config import DDPConfig, HorovodConfig, RunConfig
+from benchmarks.config import RunConfig
 
 
 def main(name: str) -> None:
-    backend = backends.get(name)(RunConfig(timeout=30), DDPConfig(), HorovodConfig(), launch.detect())
+    cls = backends.get(name)
+    backend = cls(RunConfig(timeout=30), cls.options_type(), launch.detect())
     backend.init()
     rank = backend.rank
     value = torch.tensor([float(rank + 1)], dtype=torch.float64)

@@ -1,34 +1,16 @@
-"""Workloads: a model factory plus train and validation sets that are deterministic by index.
+"""The built-in workloads' models and data (their defaults are declared in `workloads/__init__.py`).
 
 Sample i is the same on every rank, backend and world size for a given seed, because each set is
-generated whole from a generator seeded only by `seed`. A user's own workload is loaded with
-`--workload package.module:factory`, where `factory(seed, train_size, val_size) -> Workload`.
+generated whole from a generator seeded only by `seed`.
 """
 
 from __future__ import annotations
-
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass
-class Workload:
-    """What the harness trains: the same object for every backend."""
-
-    name: str
-    build_model: Callable[[], nn.Module]
-    train: tuple[torch.Tensor, torch.Tensor]
-    """Inputs and targets; row i is sample i."""
-    val: tuple[torch.Tensor, torch.Tensor]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    """Per-sample losses (no reduction), so sums and counts reduce exactly across ranks."""
-    correct: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    """Per-sample correctness in [0, 1]; None for regression."""
+from benchmarks.run.workloads import Workload
 
 
 def _generator(seed: int, salt: int) -> torch.Generator:
@@ -183,26 +165,3 @@ def transformer(seed: int, train_size: int | None = None, val_size: int | None =
         loss=loss,
         correct=correct,
     )
-
-
-REGISTRY: dict[str, Callable[..., Workload]] = {
-    "linear": linear, "mlp": mlp, "cnn": cnn, "transformer": transformer,
-}  # fmt: skip
-
-
-def load(name: str, seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
-    """Build a workload by registry name or `package.module:factory`."""
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load workload '{name}': {exc}") from exc
-    elif name in REGISTRY:
-        factory = REGISTRY[name]
-    else:
-        raise ValueError(f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)")
-    workload = factory(seed, train_size, val_size)
-    if len(workload.val[0]) == 0:
-        raise ValueError(f"workload '{name}' has an empty validation set")
-    return workload

@@ -1,0 +1,89 @@
+"""Workloads by name, each declared once with its defaults; torch is imported only to build one.
+
+A workload is a model factory plus train and validation sets that are deterministic by index. A
+user's own is loaded with `--workload package.module:factory`, where
+`factory(seed, train_size, val_size) -> Workload`; it takes the generic defaults below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from benchmarks.config import RunConfig
+
+
+@dataclass
+class Workload:
+    """What the harness trains: the same object for every backend."""
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    train: tuple[torch.Tensor, torch.Tensor]
+    """Inputs and targets; row i is sample i."""
+    val: tuple[torch.Tensor, torch.Tensor]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """Per-sample losses (no reduction), so sums and counts reduce exactly across ranks."""
+    correct: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """Per-sample correctness in [0, 1]; None for regression."""
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A built-in workload: where its factory lives and the run options it brings."""
+
+    factory: str
+    """`module:function` returning a Workload."""
+    summary: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """RunConfig fields the workload sets when the user does not (e.g. a learning rate that trains it)."""
+
+
+GENERIC_DEFAULTS: dict[str, Any] = {"lr": 0.05, "batch_size": 32}
+"""What a custom `module:factory` workload gets for options left at `None` (\"the workload's\")."""
+
+_B = "benchmarks.run.workloads.builtin"
+REGISTRY: dict[str, WorkloadSpec] = {
+    "linear": WorkloadSpec(f"{_B}:linear", "nn.Linear(10, 1) regression, MSE", {"lr": 0.05, "batch_size": 32}),
+    "mlp": WorkloadSpec(f"{_B}:mlp", "64-128-128-10 MLP on sklearn digits", {"lr": 0.05, "batch_size": 32}),
+    "cnn": WorkloadSpec(f"{_B}:cnn", "small ResNet with BatchNorm, 3x32x32", {"lr": 0.05, "batch_size": 32}),
+    "transformer": WorkloadSpec(f"{_B}:transformer", "tiny GPT, 4 layers, dim 128", {"lr": 0.3, "batch_size": 16}),
+}
+
+
+def defaults_for(name: str) -> dict[str, Any]:
+    """The option values `name` brings (the generic ones for a custom workload)."""
+    spec = REGISTRY.get(name)
+    return {**GENERIC_DEFAULTS, **(spec.defaults if spec else {})}
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """`cfg` with every option left at None that the workload has a default for filled in."""
+    fill = {k: v for k, v in defaults_for(cfg.workload).items() if getattr(cfg, k) is None}
+    return dataclasses.replace(cfg, **fill)
+
+
+def load(name: str, seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
+    """Build a workload by registry name or `package.module:factory`."""
+    if name in REGISTRY:
+        module_name, _, attr = REGISTRY[name].factory.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+    elif ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load workload '{name}': {exc}") from exc
+    else:
+        raise ValueError(f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)")
+    workload = factory(seed, train_size, val_size)
+    if len(workload.val[0]) == 0:
+        raise ValueError(f"workload '{name}' has an empty validation set")
+    return workload
