@@ -23,16 +23,23 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 def throughput(table: pd.DataFrame, path: Path) -> Path:
     ok = table[table.runs_ok > 0]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    err = [ok.samples_per_s - ok.ci_low, ok.ci_high - ok.samples_per_s]
-    ax.bar(ok.backend, ok.samples_per_s, yerr=err, capsize=6, color=["C0", "C1", "C2", "C3"][: len(ok)])
-    ax.set_ylabel("samples/s (mean, 95% CI)")
-    ax.set_title("Throughput per backend")
+    # No error bar where there is no interval (< 3 runs): a zero-length bar would claim certainty.
+    err = [(ok.samples_per_s - ok.ci_low).fillna(0), (ok.ci_high - ok.samples_per_s).fillna(0)]
+    setup = [c for c in ("workload", "global_batch", "world_size") if c in ok]
+    several = bool(setup) and len(ok[setup].drop_duplicates()) > 1  # label bars by world size too
+    rows = ok.to_dict("records")
+    labels = [f"{r['backend']}\n{r.get('world_size')} rank(s)" if several else r["backend"] for r in rows]
+    ax.bar(range(len(ok)), ok.samples_per_s, yerr=err, capsize=6, color=[f"C{i % 10}" for i in range(len(ok))])
+    ax.set_xticks(range(len(ok)), labels)
+    no_ci = ok.ci_low.isna().any()
+    ax.set_ylabel("samples/s (geo. mean, 95% CI)")
+    ax.set_title("Throughput per backend" + (" (no error bar: < 3 runs)" if no_ci else ""))
     return _save(fig, path)
 
 
 def step_times(rs: RunSet, path: Path) -> Path:
     timed = rs.timing[~rs.timing["warmup"].astype(bool)]
-    slowest = timed.groupby(["backend", "run_id", "step"], sort=False, observed=True)["step_s"].max().reset_index()
+    slowest = timed.groupby(["backend", "run_key", "step"], sort=False, observed=True)["step_s"].max().reset_index()
     names = list(dict.fromkeys(slowest.backend))
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.boxplot([slowest[slowest.backend == b]["step_s"] * 1000 for b in names], showfliers=True)
@@ -45,7 +52,7 @@ def step_times(rs: RunSet, path: Path) -> Path:
 def loss_curves(rs: RunSet, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for i, (backend, rows) in enumerate(rs.loss.groupby("backend", sort=False)):
-        first = rows[rows.run_id == rows.run_id.min()]
+        first = rows[rows.run_key == rows.run_key.min()]
         train, val = first[first.split == "train"], first[first.split == "val"]
         ax.plot(train.step, train.loss, color=f"C{i}", alpha=0.8, label=f"{backend} train")
         ax.plot(val.step, val.loss, "o--", color=f"C{i}", label=f"{backend} val")
@@ -58,9 +65,10 @@ def loss_curves(rs: RunSet, path: Path) -> Path:
 
 def scaling_efficiency(table: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for backend, rows in table.groupby("backend", sort=False):
+    for backend, rows in table.dropna(subset=["efficiency"]).groupby("backend", sort=False):
         ax.plot(rows.world_size, rows.efficiency, "o-", label=backend)
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(sorted(int(w) for w in table.world_size.unique()))  # world sizes are whole ranks
     ax.set_xlabel("world size")
     ax.set_ylabel("scaling efficiency")
     ax.legend()

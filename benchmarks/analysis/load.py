@@ -1,23 +1,33 @@
 """Load result directories into tidy pandas frames (statistics are in `tables`).
 
 from benchmarks.analysis.load import load_runs
-rs = load_runs("results/runs/<compare-id>")      # or one run dir, or a glob
-rs.runs, rs.timing, rs.loss                     # metadata joined in
+rs = load_runs("results/runs")                  # a run dir, a compare dir, a tree of them, or a glob
+rs.runs, rs.timing, rs.loss                     # metadata joined in; `run_key` (the run's path) is unique
+
+Every compare names its runs `ddp-r0`, `horovod-r0`, …, so `run_id` repeats across comparisons; rows
+are keyed by `run_key`, the run directory's path.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import check
 from benchmarks.run import recorder as results
 
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
+EXTRA_COLUMNS = ("launcher_detail", "local_world_size", "train_size", "val_size", "model_parameters",
+                 "validation_buffers", "omp_num_threads_env", "timed_wall_s", "error", "failed_rank")  # fmt: skip
+JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
+CONFIG_SKIPPED = ("out", "run_id", "quiet")  # where a run was written says nothing about what it measured
 
 
 class SchemaError(ValueError):
@@ -27,36 +37,56 @@ class SchemaError(ValueError):
 @dataclass
 class RunSet:
     runs: pd.DataFrame
-    """One row per run: run.json's main fields, the knobs flattened as knob_*, and `path`."""
+    """One row per run: `run_key` (its directory), run.json's fields, `config_*`, `knob_*`, `version_*`."""
     timing: pd.DataFrame
     loss: pd.DataFrame
     skipped: list[str] = dataclasses.field(default_factory=list)
     """Runs left out, with the reason: not completed, or failing `distbench check`."""
+    left_out: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    """The left-out runs as rows (the `runs` columns), so tables can count and explain them."""
 
 
 def find_run_dirs(*paths: str | Path) -> list[Path]:
-    """Run directories under each path: the path itself, its children, or a glob's matches."""
+    """Run directories (holding run.json) at or anywhere below each path or glob match, in path order."""
     found: list[Path] = []
     for pattern in paths:
-        matches = [Path(p) for p in sorted(glob.glob(str(pattern)))] or [Path(pattern)]
-        for path in matches:
+        for path in [Path(p) for p in sorted(glob.glob(str(pattern)))] or [Path(pattern)]:
             if (path / results.RUN_JSON).is_file():
                 found.append(path)
-            elif path.is_dir():
-                found += sorted(p.parent for p in path.glob(f"*/{results.RUN_JSON}"))
-    return list(dict.fromkeys(found))
+                continue
+            for parent, dirs, files in os.walk(path):
+                dirs.sort()
+                if results.RUN_JSON in files:
+                    found.append(Path(parent))
+                    dirs.clear()  # a run directory holds no runs of its own
+    unique = {p.resolve(): p for p in reversed(found)}  # the same run reached twice is loaded once
+    return sorted(unique.values(), key=str)
+
+
+def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """The `runs` row of one run: older run.json files lack newer keys, which come out as None."""
+    row: dict[str, Any] = {"run_key": str(run_dir), "compare_id": run_dir.parent.name}
+    row.update({key: meta.get(key) for key in (*RUN_COLUMNS, *EXTRA_COLUMNS)})
+    config = meta.get("config") or {}
+    row.update({f"config_{k}": v for k, v in config.items() if k not in CONFIG_SKIPPED})
+    row.update({f"knob_{k}": v for k, v in (meta.get("knobs") or {}).items()})
+    row.update({f"version_{k}": v for k, v in (meta.get("versions") or {}).items()})
+    optimizer = meta.get("optimizer")
+    row["optimizer"] = ", ".join(f"{k}={v}" for k, v in optimizer.items()) if isinstance(optimizer, dict) else optimizer
+    row["path"] = str(run_dir)
+    return row
 
 
 def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
     """Load runs into tidy frames; timing and loss rows carry their run's metadata.
 
-    Runs that did not complete, or that fail `distbench check`, are left out (and listed in
-    `skipped`) unless `include_failed`.
+    Runs that did not complete, or that fail `distbench check`, are left out (listed in `skipped`
+    and `left_out`) unless `include_failed`.
     """
     dirs = find_run_dirs(*paths)
     if not dirs:
         raise FileNotFoundError(f"no run directories (with {results.RUN_JSON}) under {', '.join(map(str, paths))}")
-    metas, timings, losses, skipped = [], [], [], []
+    metas, left_out, timings, losses, skipped = [], [], [], [], []
     for run_dir in dirs:
         meta, problems = check.meta_problems(run_dir)  # the one reader of run.json
         if meta is None or meta.get("schema_version") not in results.KNOWN_SCHEMAS:
@@ -64,34 +94,39 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
         meta["status"] = results.effective_status(meta)
         frames = check.read_frames(run_dir)
         problems += check.check_frames(run_dir, meta, frames)
+        row = run_row(run_dir, meta)
         if not include_failed and (meta["status"] != "completed" or problems):
             why = f"status {meta['status']}" if meta["status"] != "completed" else f"{len(problems)} check problems"
+            if meta.get("error"):
+                why += f": {meta['error']}"
             skipped.append(f"{run_dir}: {why}")
+            left_out.append({**row, "status": meta["status"] if meta["status"] != "completed" else "check problems",
+                             "error": meta.get("error") or (str(problems[0]) if problems else None)})  # fmt: skip
             continue
-        row = {key: meta.get(key) for key in RUN_COLUMNS}
-        row.update({f"knob_{k}": v for k, v in (meta.get("knobs") or {}).items()})
-        row.update(path=str(run_dir), error=meta.get("error"), timed_wall_s=meta.get("timed_wall_s"))
         metas.append(row)
         for name, sink in ((results.TIMING_CSV, timings), (results.LOSS_CSV, losses)):
             frame_, _ = frames[name]
             if frame_ is not None and len(frame_.columns) and "run_id" in frame_:
-                sink.append(frame_)
+                sink.append((row["run_key"], frame_))
     if not metas:
-        raise FileNotFoundError(
-            f"no usable runs under {', '.join(map(str, paths))} ({'; '.join(skipped)}); "
-            "pass --include-failed to load them anyway"
-        )
+        raise FileNotFoundError(f"no usable runs under {', '.join(map(str, paths))}: {'; '.join(skipped)}")
     runs = pd.DataFrame(metas)
+    by_key = runs.set_index("run_key")
 
-    def frame(parts: list[pd.DataFrame], categorical: bool) -> pd.DataFrame:
+    def frame(parts: list[tuple[str, pd.DataFrame]], categorical: bool) -> pd.DataFrame:
         if not parts:
             return pd.DataFrame()
-        out = pd.concat(parts, ignore_index=True)
-        if categorical:  # timing has a row per rank per step: categories make grouping by run cheap
+        out = pd.concat([p for _, p in parts], ignore_index=True)
+        # Codes by part, not a string column per part: timing has a row per rank per step.
+        codes = np.repeat(np.arange(len(parts)), [len(p) for _, p in parts])
+        out["run_key"] = pd.Categorical.from_codes(codes, categories=[k for k, _ in parts])
+        if categorical:  # categories make grouping a million rows by run cheap
             out["run_id"], out["backend"] = out["run_id"].astype("category"), out["backend"].astype("category")
-        by_run = runs.set_index("run_id")
-        for column in ("launcher", "workload", "status"):
-            out[column] = out["run_id"].map(by_run[column])
+        else:
+            out["run_key"] = out["run_key"].astype(str)
+        for column in JOINED:
+            out[column] = out["run_key"].map(by_key[column])
         return out
 
-    return RunSet(runs=runs, timing=frame(timings, True), loss=frame(losses, False), skipped=skipped)
+    return RunSet(runs=runs, timing=frame(timings, True), loss=frame(losses, False), skipped=skipped,
+                  left_out=pd.DataFrame(left_out))  # fmt: skip

@@ -1,4 +1,8 @@
-"""Write a report: the PNG figures and report.md / a self-contained report.html around them."""
+"""Write a report: the PNG figures and report.md / a self-contained report.html around them.
+
+It opens with what was compared (`context`), then the summary table with its warnings and verdicts,
+then the tables behind it and the plots.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.analysis import figures, load, tables
+from benchmarks.analysis import context, figures, load, tables
+from benchmarks.analysis.load import RunSet
+
+__all__ = ["RunSet", "write"]
 
 
 def _markdown(frame: pd.DataFrame) -> str:
     def cell(value: object) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return "" if text in ("nan", "None") else text.replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
@@ -22,14 +30,14 @@ def _markdown(frame: pd.DataFrame) -> str:
 
 
 def write(paths: list[str | Path], out: Path, formats: set[str], include_failed: bool = False) -> str:
-    """Write PNGs and report.md/report.html into `out`; return the terminal summary table."""
+    """Write PNGs and report.md/report.html into `out`; return what was compared and the summary table."""
     rs = load.load_runs(*paths, include_failed=include_failed)
     for line in rs.skipped:
-        print(f"distbench: left out {line} (--include-failed takes it)", file=sys.stderr)
+        print(f"distbench: left out {line}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
-    per_run = tables.per_run_stats(rs)
+    per_run = tables.per_run_stats(rs)  # left-out runs included, so a failed backend shows as FAILED
     table = tables.backend_table(per_run)
-    summary = tables.format_table(table, tables.loss_agreement(rs))
+    summary = context.headline(rs, per_run) + "\n" + tables.format_table(table, tables.loss_agreement(rs))
     scale = tables.scaling(per_run)
     images = [figures.throughput(table, out / "throughput.png")]
     if len(rs.timing):
@@ -39,22 +47,31 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
         ]
     if len(rs.loss):
         images.append(figures.loss_curves(rs, out / "loss_curves.png"))
-    if len(scale):
+    if scale.efficiency.notna().any():
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
-    sections = {"Per backend": table, "Per run": per_run}
+    sections = {
+        "What was compared": context.setup_table(rs, per_run),
+        "Backends: launch, threads, versions": context.backend_facts(rs),
+        "Knobs and options that differ between the backends": context.differing_options(rs),
+        "Per backend": table,
+        "Per run": per_run,
+    }
     if len(scale):
-        sections["Scaling"] = scale
+        sections["Scaling (each backend against its own 1-rank runs)"] = scale
     if "md" in formats:
-        md = ["# distbench report", "", "```", summary, "```", ""]
+        md = ["# distbench report", ""]
         for title, frame in sections.items():
             md += [f"## {title}", "", _markdown(frame), ""]
+            if title.startswith("Knobs"):
+                md += ["## Summary", "", "```", summary, "```", ""]
         md += [f"![{p.stem}]({p.name})" for p in images]
         (out / "report.md").write_text("\n".join(md) + "\n")
     if "html" in formats:
-        parts = ["<!doctype html><meta charset='utf-8'><title>distbench report</title>",
-                 "<h1>distbench report</h1>", f"<pre>{html.escape(summary)}</pre>"]  # fmt: skip
+        parts = ["<!doctype html><meta charset='utf-8'><title>distbench report</title>", "<h1>distbench report</h1>"]
         for title, frame in sections.items():
-            parts += [f"<h2>{html.escape(title)}</h2>", frame.to_html(index=False, float_format="%.4g")]
+            parts += [f"<h2>{html.escape(title)}</h2>", frame.to_html(index=False, float_format="%.4g", na_rep="")]
+            if title.startswith("Knobs"):
+                parts += ["<h2>Summary</h2>", f"<pre>{html.escape(summary)}</pre>"]
         for p in images:
             data = base64.b64encode(p.read_bytes()).decode()
             parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")

@@ -1,0 +1,86 @@
+"""What was compared: the part of a report that lets a reader judge the numbers without the runs.
+
+Workload and its size, per-rank and global batch, steps timed, world size, launcher and controller
+per backend, versions and threads, and every knob or option that differs between the backends.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from benchmarks.analysis.load import RunSet
+
+BACKEND_FACTS = {
+    "launcher": "launcher", "launcher_detail": "launcher detail", "knob_controller": "controller",
+    "knob_dist_backend": "process group", "world_size": "world size", "threads": "threads",
+    "omp_num_threads_env": "OMP_NUM_THREADS", "optimizer": "optimizer",
+}  # fmt: skip
+
+
+def _values(series: pd.Series) -> str:
+    """The distinct values of a column, '—' for not recorded (older runs, or not this backend's)."""
+    seen = dict.fromkeys("—" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in series)
+    return ", ".join(seen)
+
+
+def _all_runs(rs: RunSet) -> pd.DataFrame:
+    return pd.concat([rs.runs, rs.left_out], ignore_index=True) if len(rs.left_out) else rs.runs
+
+
+def setup_table(rs: RunSet, per_run: pd.DataFrame) -> pd.DataFrame:
+    """One row per workload, global batch and world size: the size of what was measured."""
+    runs = _all_runs(rs).merge(per_run[["run_key", "timed_steps"]], on="run_key", how="left")
+    keys = ["workload", "global_batch", "world_size"]
+    rows = []
+    for setup, group in runs.groupby(keys, sort=False, dropna=False):
+        get = group.get
+        rows.append({
+            **dict(zip(keys, setup, strict=True)),
+            "parameters": _values(get("model_parameters", pd.Series([None]))),
+            "batch per rank": _values(get("config_batch_size", pd.Series([None]))),
+            "accumulate": _values(get("config_accumulate", pd.Series([None]))),
+            "timed steps per run": _values(group["timed_steps"].dropna().astype(int)) or "—",
+            "timed window per run (s)": _values(group["timed_wall_s"].dropna().round(2)) or "—",
+            "warm-up steps": _values(get("config_warmup_steps", pd.Series([None]))),
+            "validation buffers": _values(get("validation_buffers", pd.Series([None]))),
+            "runs": ", ".join(f"{b} ×{n}" for b, n in group.backend.value_counts(sort=False).items()),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def backend_facts(rs: RunSet) -> pd.DataFrame:
+    """Per backend: how it was launched, its threads and the versions it ran with."""
+    runs = _all_runs(rs)
+    columns = [c for c in BACKEND_FACTS if c in runs] + sorted(c for c in runs if c.startswith("version_"))
+    table = runs.groupby("backend", sort=False)[columns].agg(_values).T
+    table.index = [BACKEND_FACTS.get(c, c.removeprefix("version_")) for c in table.index]
+    return table.rename_axis("").reset_index()
+
+
+def differing_options(rs: RunSet) -> pd.DataFrame:
+    """Every knob (`knob_*`) and run option (`config_*`) whose value differs between the backends.
+
+    A knob only one backend has (DDP's bucket size, Horovod's fusion threshold) differs too: '—'
+    marks the backend without it.
+    """
+    runs = _all_runs(rs)
+    columns = [c for c in runs if c.startswith(("knob_", "config_"))]
+    if runs.backend.nunique() < 2 or not columns:
+        return pd.DataFrame(columns=["option"])
+    table = runs.groupby("backend", sort=False)[columns].agg(_values).T
+    table = table[table.nunique(axis=1) > 1]
+    table.index = [c.replace("knob_", "knob ").replace("config_", "--").replace("_", "-") for c in table.index]
+    return table.rename_axis("option").reset_index()
+
+
+def headline(rs: RunSet, per_run: pd.DataFrame) -> str:
+    """One line for the terminal: what was compared, at what size."""
+    parts = []
+    for row in setup_table(rs, per_run).to_dict("records"):
+        params = f" ({row['parameters']} parameters)" if row["parameters"] != "—" else ""
+        parts.append(
+            f"{row['workload']}{params}, global batch {row['global_batch']} ({row['batch per rank']} per rank"
+            f" × accumulate {row['accumulate']}), {row['world_size']} rank(s), {row['timed steps per run']} "
+            f"timed steps per run: {row['runs']}"
+        )
+    return "compared: " + "; ".join(parts)

@@ -1,0 +1,64 @@
+"""Issue 9 items 5 and 11: validation compared and explained; a report that says what was compared and
+where a failed backend's error is."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.analysis import load, report, tables
+from tests.unit.test_report import make_run
+
+ONE_RANK = [[1.0, 0.1, 0.1]]
+CONFIG = {"batch_size": 10, "accumulate": 1, "warmup_steps": 1, "lr": 0.1}
+DDP = {"knobs": {"broadcast_buffers": True, "bucket_cap_mb": 25.0, "dist_backend": "gloo"},
+       "versions": {"torch": "2.13", "python": "3.10"}, "model_parameters": 1234,
+       "config": {**CONFIG, "out": "x", "run_id": "y"}}  # fmt: skip
+HOROVOD = {"knobs": {"broadcast_buffers": False, "fusion_threshold_mb": 128.0, "controller": "gloo"},
+           "versions": {"torch": "2.13", "python": "3.10", "horovod": "0.28"}, "model_parameters": 1234,
+           "launcher": "horovodrun", "launcher_detail": "gloo",
+           "config": {**CONFIG, "out": "z", "run_id": "w"}}  # fmt: skip
+
+
+def test_validation_difference_is_shown_and_the_knob_named(tmp_path) -> None:
+    # Train curves identical, validation not: BatchNorm buffers broadcast by DDP but not by Horovod.
+    make_run(tmp_path, "ddp-r0", "ddp", ONE_RANK, wall=1.0, losses=[1.0, 0.8, 0.6], val=[0.7], meta=DDP)
+    make_run(tmp_path, "horovod-r0", "horovod", ONE_RANK, wall=1.0, losses=[1.0, 0.8, 0.6], val=[0.75], meta=HOROVOD)
+    agreement = tables.loss_agreement(load.load_runs(tmp_path))
+    assert agreement.train == 0.0 and agreement.val == pytest.approx(0.05)
+    assert "broadcast_buffers" in agreement.explanation and "--no-broadcast-buffers" in agreement.explanation
+    text = tables.format_table(tables.backend_table(tables.per_run_stats(load.load_runs(tmp_path))), agreement)
+    assert "train 0.00e+00, validation 5.00e-02" in text and "--no-broadcast-buffers for parity" in text
+
+
+def test_equal_validation_needs_no_explanation(tmp_path) -> None:
+    make_run(tmp_path, "ddp-r0", "ddp", ONE_RANK, wall=1.0, val=[0.7], meta=DDP)
+    make_run(tmp_path, "horovod-r0", "horovod", ONE_RANK, wall=1.0, val=[0.7], meta=HOROVOD)
+    agreement = tables.loss_agreement(load.load_runs(tmp_path))
+    assert (agreement.train, agreement.val, agreement.explanation) == (0.0, 0.0, "")
+
+
+def test_report_opens_with_what_was_compared(tmp_path) -> None:
+    make_run(tmp_path / "c", "ddp-r0", "ddp", ONE_RANK, wall=1.0, meta=DDP)
+    make_run(tmp_path / "c", "horovod-r0", "horovod", ONE_RANK, wall=1.0, meta=HOROVOD)
+    summary = report.write([tmp_path / "c"], tmp_path / "out", {"md", "html"})
+    assert summary.startswith("compared: synthetic (1234 parameters), global batch 10 (10 per rank × accumulate 1)")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.index("## What was compared") < md.index("## Summary") < md.index("## Per backend")
+    knobs = md[md.index("## Knobs and options") : md.index("## Summary")]
+    for line in ("| knob broadcast-buffers | True | False |", "| knob bucket-cap-mb | 25.0 | — |",
+                 "| knob fusion-threshold-mb | — | 128.0 |"):  # fmt: skip
+        assert line in knobs
+    assert "--lr" not in knobs and "--out" not in knobs  # equal options, and where runs were written, are not knobs
+    backends = md[md.index("## Backends") : md.index("## Knobs")]
+    assert "| launcher | torchrun | horovodrun |" in backends and "| controller | — | gloo |" in backends
+    assert "| horovod | — | 0.28 |" in backends
+    assert "What was compared" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_failed_backend_points_at_its_run_json_error(tmp_path) -> None:
+    make_run(tmp_path, "ddp-r0", "ddp", ONE_RANK, wall=1.0)
+    failed = make_run(tmp_path, "horovod-r0", "horovod", ONE_RANK, wall=1.0, status="failed")
+    summary = report.write([tmp_path], tmp_path / "out", {"md"})
+    line = next(li for li in summary.splitlines() if li.startswith("horovod"))
+    assert "0/1" in line and f"FAILED: {failed}/run.json: horovod exploded" in line
+    assert "--include-failed" not in summary
