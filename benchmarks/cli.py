@@ -19,7 +19,7 @@ from pathlib import Path
 
 import backends
 from benchmarks import config
-from benchmarks.config import DDPConfig, HorovodConfig, InputError, RunConfig
+from benchmarks.config import InputError, RunConfig
 
 EXIT_BAD_INPUT = 2
 
@@ -78,10 +78,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from benchmarks.run import harness, workloads
+    import time
+
     from benchmarks.suite import compare
 
-    cfg = workloads.resolve(config.from_namespace(RunConfig, args))
+    started = time.perf_counter()
+
+    cfg, preset = compare.effective_config(args)
     names = [b.strip() for b in args.backends.split(",") if b.strip()]
     try:
         if args.nproc < 1 or args.repeats < 1:
@@ -90,19 +93,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             raise InputError("--backends is empty; e.g. --backends ddp,horovod")
         for name in names:
             validate(name, cfg)
-            harness.load_checked_workload(cfg, 1 if name == "single" else args.nproc)
+        compare.check_launchers(names, args.launcher)
+        from benchmarks.run import harness  # imports torch: only past the checks that need none
+
+        for world_size in {1 if name == "single" else args.nproc for name in names}:
+            harness.load_checked_workload(cfg, world_size)
         root = compare.make_compare_dir(Path(cfg.out), cfg.run_id)
     except InputError as exc:
         print(f"distbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    run_argv = [
-        # --out and --run-id are compare's own: each run gets <out>/<compare-id>/<backend>-r<N>.
-        *config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None)),
-        *config.to_argv(config.from_namespace(DDPConfig, args)),
-        *config.to_argv(config.from_namespace(HorovodConfig, args)),
-    ]
+    # --out and --run-id are compare's own: each run gets <out>/<compare-id>/<backend>-r<N>.
+    common = config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None))
+    # Each backend gets only its own knobs, so no run warns about another backend's.
+    run_argv = {n: [*common, *config.to_argv(config.from_namespace(backends.get(n).options_type, args))] for n in names}
     threads = cfg.threads or harness.default_threads(args.nproc)
-    return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, root, threads)
+    print(compare.describe(cfg, preset, names, args.launcher, args.nproc, args.repeats, threads), file=sys.stderr)
+    return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, root, threads, started)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -168,21 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser(
         "compare",
         help="run the same workload over several backends and compare them",
-        description="With no options: a quick DDP-vs-Horovod comparison (about a minute).",
-    )
-    cmp.add_argument("--backends", default="ddp,horovod", help="comma-separated backends (default: ddp,horovod)")
-    cmp.add_argument("--nproc", type=int, default=2, help="ranks per backend (default: 2)")
-    cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats per backend (default: 3)")
-    cmp.add_argument(
-        "--launcher",
-        choices=("torchrun", "horovodrun", "mpirun"),
-        default=None,
-        help="one launcher for every backend (default: torchrun for ddp, horovodrun for horovod)",
     )
     add_run_options(cmp)
-    from benchmarks.suite.compare import DEFAULTS
+    from benchmarks.suite import compare  # light: neither torch nor the analysis stack
 
-    cmp.set_defaults(func=_cmd_compare, **DEFAULTS)
+    compare.add_arguments(cmp)
+    cmp.set_defaults(func=_cmd_compare)
 
     rep = sub.add_parser("report", help="tables, plots and report.md/report.html for runs or comparisons")
     rep.add_argument("paths", nargs="+", help="run directories, compare directories or globs")

@@ -50,12 +50,27 @@ GENERIC_DEFAULTS: dict[str, Any] = {"lr": 0.05, "batch_size": 32}
 """What a custom `module:factory` workload gets for options left at `None` (\"the workload's\")."""
 
 _B = "benchmarks.run.workloads.builtin"
+# Each learns well above chance with these in `run`'s default two epochs on 2 ranks (checked with
+# `distbench run --backend single --batch-size 2×batch`): linear val MSE 0.011 (noise 0.01), mlp 90 %
+# val accuracy, cnn 76 % (chance 10 %), transformer 64 % next-token accuracy. mlp's train size is
+# left to the factory: every digit not in validation.
 REGISTRY: dict[str, WorkloadSpec] = {
-    "linear": WorkloadSpec(f"{_B}:linear", "nn.Linear(10, 1) regression, MSE", {"lr": 0.05, "batch_size": 32}),
-    "mlp": WorkloadSpec(f"{_B}:mlp", "64-128-128-10 MLP on sklearn digits", {"lr": 0.05, "batch_size": 32}),
-    "cnn": WorkloadSpec(f"{_B}:cnn", "small ResNet with BatchNorm, 3x32x32", {"lr": 0.05, "batch_size": 32}),
-    "transformer": WorkloadSpec(f"{_B}:transformer", "tiny GPT, 4 layers, dim 128", {"lr": 0.3, "batch_size": 16}),
-}
+    "linear": WorkloadSpec(
+        f"{_B}:linear", "nn.Linear(10, 1) regression, MSE",
+        {"lr": 0.05, "batch_size": 32, "train_size": 4096, "val_size": 1024},
+    ),
+    "mlp": WorkloadSpec(
+        f"{_B}:mlp", "64-128-128-10 MLP on sklearn digits (1797)", {"lr": 0.1, "batch_size": 32, "val_size": 360}
+    ),
+    "cnn": WorkloadSpec(
+        f"{_B}:cnn", "small ResNet with BatchNorm, 3x32x32",
+        {"lr": 0.05, "batch_size": 32, "train_size": 2048, "val_size": 512},
+    ),
+    "transformer": WorkloadSpec(
+        f"{_B}:transformer", "tiny GPT, 4 layers, dim 128",
+        {"lr": 0.3, "batch_size": 16, "train_size": 2048, "val_size": 256},
+    ),
+}  # fmt: skip
 
 
 def defaults_for(name: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The built-in workloads' models and data (their defaults are declared in `workloads/__init__.py`).
+"""The built-in workloads' models and data (their defaults, sizes included, are declared once in
+`workloads/__init__.py`'s REGISTRY; a size left at None here means that default).
 
 Sample i is the same on every rank, backend and world size for a given seed, because each set is
 generated whole from a generator seeded only by `seed`.
@@ -10,11 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.run.workloads import Workload
+from benchmarks.run.workloads import REGISTRY, Workload
 
 
 def _generator(seed: int, salt: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + salt)
+
+
+def _sizes(name: str, train_size: int | None, val_size: int | None) -> tuple[int, int]:
+    defaults = REGISTRY[name].defaults
+    return train_size or defaults["train_size"], val_size or defaults["val_size"]
 
 
 def _classification_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -27,7 +33,7 @@ def _per_sample_ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def linear(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
     """`nn.Linear(10, 1)` regression with MSE on y = x·w + b + noise."""
-    n_train, n_val = train_size or 4096, val_size or 1024
+    n_train, n_val = _sizes("linear", train_size, val_size)
     g = _generator(seed, 1)
     w, b = torch.randn(10, 1, generator=g), torch.randn(1, generator=g)
     x = torch.randn(n_train + n_val, 10, generator=g)
@@ -48,7 +54,7 @@ def mlp(seed: int, train_size: int | None = None, val_size: int | None = None) -
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
     y = torch.tensor(digits.target, dtype=torch.long)
-    n_val = val_size or 360
+    n_val = val_size or REGISTRY["mlp"].defaults["val_size"]
     n_train = train_size or len(x) - n_val
     if n_train + n_val > len(x):
         raise ValueError(f"mlp has {len(x)} samples; --train-size + --val-size is {n_train + n_val}")
@@ -94,7 +100,7 @@ def _small_resnet() -> nn.Module:
 
 def cnn(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
     """A small ResNet (BatchNorm) on 3×32×32 images: a class template plus noise, 10 classes."""
-    n_train, n_val = train_size or 2048, val_size or 512
+    n_train, n_val = _sizes("cnn", train_size, val_size)
     g = _generator(seed, 3)
     templates = torch.randn(10, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (n_train + n_val,), generator=g)
@@ -143,7 +149,7 @@ class TinyGPT(nn.Module):
 def transformer(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
     """A small GPT on seeded token sequences (arithmetic progressions mod the vocabulary)."""
     vocab, context = 512, 32
-    n_train, n_val = train_size or 2048, val_size or 256
+    n_train, n_val = _sizes("transformer", train_size, val_size)
     g = _generator(seed, 4)
     n = n_train + n_val
     start = torch.randint(0, vocab, (n, 1), generator=g)

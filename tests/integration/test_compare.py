@@ -1,0 +1,94 @@
+"""`distbench compare` end to end: real launchers, real CSVs, as a user types it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchmarks.run import workloads
+from tests.conftest import BIN, REPO, run_cmd, run_ok
+from tests.unit.test_compare_workload_defaults import BARS
+
+COMPARE = [str(BIN / "distbench"), "compare", "--quiet"]
+
+
+def meta_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def last_val(run_dir: Path) -> pd.Series:
+    loss = pd.read_csv(run_dir / "loss.csv")
+    return loss[loss.split == "val"].iloc[-1]
+
+
+def _shadow_horovod(tmp_path: Path) -> str:
+    """A PYTHONPATH under which `import horovod` fails, as on a machine without Horovod."""
+    (tmp_path / "shadow" / "horovod").mkdir(parents=True)
+    (tmp_path / "shadow" / "horovod" / "__init__.py").write_text("raise ImportError('no horovod here')\n")
+    return f"{tmp_path / 'shadow'}:{REPO}"
+
+
+@pytest.mark.timeout(200)
+def test_compare_with_a_workload_uses_its_defaults_and_it_learns(tmp_path) -> None:
+    """compare --workload cnn once ran the transformer's sizes and lr and ended below chance."""
+    cmd = [*COMPARE, "--workload", "cnn", "--backends", "ddp", "--repeats", "1", "--epochs", "1"]
+    proc = run_ok([*cmd, "--out", str(tmp_path), "--run-id", "cmp"], timeout=180)
+    # The options in effect are printed before anything starts, and they are cnn's.
+    head = proc.stderr.split("[compare 1/1]")[0]
+    cnn = workloads.REGISTRY["cnn"].defaults
+    assert "cnn (the workload's defaults)" in head and f"--lr {cnn['lr']}," in head
+    config = meta_of(tmp_path / "cmp" / "ddp-r0")["config"]
+    assert (config["lr"], config["batch_size"], config["train_size"]) == (cnn["lr"], cnn["batch_size"], 2048)
+    assert config["steps_per_epoch"] is None  # one pass, not the preset's cap
+    column, bar = BARS["cnn"]
+    assert last_val(tmp_path / "cmp" / "ddp-r0")[column] > bar
+
+
+@pytest.mark.timeout(200)
+def test_the_default_preset_learns_and_reports_its_measured_share(tmp_path) -> None:
+    proc = run_ok([*COMPARE, "--backends", "ddp", "--repeats", "1", "--out", str(tmp_path), "--run-id", "c"], 180)
+    assert "transformer (compare's default" in proc.stderr
+    run_dir = tmp_path / "c" / "ddp-r0"
+    meta = meta_of(run_dir)
+    assert meta["config"]["steps_per_epoch"] == 85 and meta["timed_wall_s"] > 0
+    column, bar = BARS["transformer"]
+    assert last_val(run_dir)[column] > bar
+    comparison = pd.read_csv(tmp_path / "c" / "comparison.csv")
+    assert comparison.timed_wall_s.iloc[0] == pytest.approx(meta["timed_wall_s"])
+    assert comparison.job_wall_s.iloc[0] > comparison.timed_wall_s.iloc[0]
+    # "time: T s of W s wall inside timed windows (P%)" just before the directory.
+    time_line = proc.stdout.strip().splitlines()[-2]
+    timed, wall = (float(x) for x in time_line.split("time: ")[1].split(" s wall")[0].split(" s of "))
+    assert timed == pytest.approx(meta["timed_wall_s"], abs=0.05) and wall > comparison.job_wall_s.iloc[0]
+
+
+@pytest.mark.timeout(240)
+def test_compare_survives_a_failing_backend(tmp_path) -> None:
+    cmd = [*COMPARE, "--repeats", "1", "--workload", "mlp", "--steps-per-epoch", "4", "--warmup-steps", "1"]
+    proc = run_cmd([*cmd, "--out", str(tmp_path / "out"), "--run-id", "cmp"], 200, PYTHONPATH=_shadow_horovod(tmp_path))
+    assert proc.returncode != 0, proc.stdout
+    comparison = pd.read_csv(tmp_path / "out" / "cmp" / "comparison.csv")
+    status = dict(zip(comparison.backend, comparison.status, strict=True))
+    assert status == {"ddp": "completed", "horovod": "failed"}
+    assert "FAILED" in proc.stdout and "ddp" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "out" / "cmp")
+
+
+@pytest.mark.timeout(300)
+def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None:
+    cmd = [*COMPARE, "--launcher", "mpirun", "--repeats", "2", "--workload", "mlp", "--steps-per-epoch", "6",
+           "--warmup-steps", "1", "--out", str(tmp_path), "--run-id", "cmp"]  # fmt: skip
+    proc = run_ok(cmd, timeout=280)
+    comparison = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
+    assert list(comparison.backend) == ["ddp", "horovod", "ddp", "horovod"]  # interleaved
+    assert (comparison.status == "completed").all() and (comparison.samples_per_s > 0).all()
+    assert {meta_of(tmp_path / "cmp" / r)["launcher"] for r in comparison.run_id} == {"mpirun"}
+    assert comparison.command.str.startswith("mpirun -np 2").all()
+    assert meta_of(tmp_path / "cmp" / "ddp-r0")["config"]["steps_per_epoch"] == 6  # options pass through
+    assert "samples/s" in proc.stdout
+    agreement = re.search(r"max abs difference between backends: train (\S+),", proc.stdout)
+    assert agreement is not None and float(agreement.group(1)) < 1e-5, proc.stdout

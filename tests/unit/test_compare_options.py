@@ -1,0 +1,79 @@
+"""`distbench compare` before anything starts: which options it uses, what --help says, what it refuses.
+
+In-process through the real parser and `benchmarks.cli.main`; no launcher is started.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import cli
+from benchmarks.run import workloads
+from benchmarks.suite import compare
+
+
+def effective(*argv: str):
+    return compare.effective_config(cli.build_parser().parse_args(["compare", *argv]))
+
+
+def test_a_given_workload_brings_its_own_defaults_not_the_transformer_preset() -> None:
+    cfg, preset = effective("--workload", "cnn")
+    assert not preset
+    cnn = workloads.REGISTRY["cnn"].defaults
+    assert (cfg.lr, cfg.batch_size, cfg.train_size, cfg.val_size) == (
+        cnn["lr"], cnn["batch_size"], cnn["train_size"], cnn["val_size"]
+    )  # fmt: skip
+    assert (cfg.epochs, cfg.steps_per_epoch, cfg.warmup_steps) == (2, None, 5)  # run's own defaults
+
+
+def test_no_workload_means_the_preset_and_given_options_still_win() -> None:
+    cfg, preset = effective()
+    assert preset and cfg.workload == "transformer" and cfg.lr == workloads.REGISTRY["transformer"].defaults["lr"]
+    assert (cfg.epochs, cfg.steps_per_epoch, cfg.train_size) == (1, 85, 4096)
+    cfg, preset = effective("--epochs", "2", "--lr", "0.1", "--train-size", "2048")
+    assert preset and (cfg.epochs, cfg.lr, cfg.train_size, cfg.steps_per_epoch) == (2, 0.1, 2048, 85)
+
+
+def test_the_preset_times_enough_steps_on_two_ranks() -> None:
+    # The report warns under ~20 timed steps; the preset must not trigger its own warning.
+    cfg, _ = effective()
+    assert cfg.epochs * cfg.steps_per_epoch - cfg.warmup_steps >= 20
+    assert cfg.train_size // (2 * cfg.batch_size) >= cfg.steps_per_epoch  # the cap is reached, not one pass
+
+
+def test_help_shows_the_defaults_compare_really_uses(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 1 without --workload, else 2)" in text
+    assert "(default: 85 without --workload, else one pass)" in text
+    assert "(default: 4096 without --workload, else the workload's: linear 4096, mlp the rest, cnn 2048" in text
+
+
+def test_a_launcher_that_cannot_start_a_backend_is_refused_first(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    code = cli.main(["compare", "--backends", "ddp", "--launcher", "horovodrun", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT
+    assert err.count("\n") == 1 and "'ddp' cannot run under horovodrun" in err and "--launcher" in err
+    assert not out.exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("backends", ["ddp,horovod", "horovod,single"])
+def test_every_pair_is_checked_not_only_the_first(tmp_path, capsys, backends: str) -> None:
+    code = cli.main(["compare", "--backends", backends, "--launcher", "torchrun", "--out", str(tmp_path / "o")])
+    assert code == cli.EXIT_BAD_INPUT
+    assert "'horovod' cannot run under torchrun" in capsys.readouterr().err
+
+
+def test_the_parser_and_compare_import_no_analysis_stack() -> None:
+    # Every rank builds the parser, which imports compare: ~2 s per rank when this regresses.
+    code = (
+        "import sys, benchmarks.cli, benchmarks.suite.compare; benchmarks.cli.build_parser(); "
+        "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,30 @@
+"""The built-in workloads learn with the defaults they declare, in a short run (what `compare --workload W`
+uses): one epoch in-process on the single backend, through the real `distbench run`. The slow two (cnn,
+transformer, ~10 s each) are checked under real launchers in tests/integration/test_compare.py."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from benchmarks import cli
+from benchmarks.run import workloads
+
+# (what to read from the last validation row, the bar it must clear): chance is 10 % for the 10-class
+# sets and ~0.2 % for the transformer's 512 tokens; linear starts near MSE 7 with noise floor 0.01.
+BARS = {"linear": ("loss", 0.1), "mlp": ("accuracy", 0.5), "cnn": ("accuracy", 0.3), "transformer": ("accuracy", 0.1)}
+
+
+def test_every_builtin_workload_has_a_bar() -> None:
+    assert set(BARS) == set(workloads.REGISTRY)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", ["linear", "mlp"])
+def test_workload_defaults_learn_in_one_epoch(tmp_path, name: str) -> None:
+    argv = ["run", "--backend", "single", "--workload", name, "--epochs", "1", "--quiet", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--run-id", "r"]) == 0
+    loss = pd.read_csv(tmp_path / "r" / "loss.csv")
+    column, bar = BARS[name]
+    last = loss[loss.split == "val"].iloc[-1][column]
+    assert last < bar if column == "loss" else last > bar, f"{name}: validation {column} {last} vs {bar}"
