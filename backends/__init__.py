@@ -1,11 +1,13 @@
-"""Backends by name. Each module imports its framework lazily, so a missing Horovod only matters
-to the `horovod` backend."""
+"""Backends by name. Importing this package imports no framework (not even torch), so the command
+line can list and check backend names before any heavy import; `get` imports the one asked for."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
-from backends.base import Backend
+if TYPE_CHECKING:
+    from backends.base import Backend
 
 _MODULES = {"ddp": "backends.ddp:DDPBackend", "horovod": "backends.horovod:HorovodBackend",
             "single": "backends.single:SingleBackend"}  # fmt: skip
@@ -13,11 +15,18 @@ NAMES = tuple(_MODULES)
 
 
 def get(name: str) -> type[Backend]:
-    """The Backend class registered under `name`."""
+    """The Backend class registered under `name` (imports torch and, for horovod, nothing more yet)."""
     if name not in _MODULES:
         raise ValueError(f"unknown backend '{name}'; known: {', '.join(NAMES)}")
     module, _, cls = _MODULES[name].partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def __getattr__(name: str) -> Any:
+    # `from backends import Backend` keeps working without making every import of the package pay for torch.
+    if name == "Backend":
+        return importlib.import_module("backends.base").Backend
+    raise AttributeError(f"module 'backends' has no attribute {name!r}")
 
 
 __all__ = ["Backend", "NAMES", "get"]

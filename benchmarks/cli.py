@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import datetime
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def validate(backend: str, cfg: RunConfig) -> None:
-    """Refuse bad input before any process group starts."""
+    """Refuse bad input before any process group starts; torch is imported only for --device cuda."""
     if backend not in backends.NAMES:
         raise InputError(f"unknown backend '{backend}'; known: {', '.join(backends.NAMES)}")
     for name in ("epochs", "batch_size", "accumulate", "flush_every"):
@@ -40,8 +41,12 @@ def validate(backend: str, cfg: RunConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    if cfg.warmup_steps < 0 or cfg.timeout <= 0:
+    if not cfg.lr > 0:  # also refuses nan
+        raise InputError(f"--lr must be a positive number, got {cfg.lr}")
+    if cfg.warmup_steps < 0 or not cfg.timeout > 0:
         raise InputError("--warmup-steps must be >= 0 and --timeout > 0")
+    if cfg.steps_per_epoch is not None and cfg.epochs * cfg.steps_per_epoch <= cfg.warmup_steps:
+        raise config.no_timed_steps(cfg, cfg.steps_per_epoch)
     if cfg.inject_fault:
         from benchmarks.run import faults
 
@@ -56,22 +61,55 @@ def validate(backend: str, cfg: RunConfig) -> None:
             raise InputError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
 
 
+def _error(message: str) -> None:
+    print(f"distbench: error: {message}", file=sys.stderr, flush=True)
+
+
+RANK0_GRACE_S = 10.0
+"""How long a rank other than 0 waits before exiting on bad input, so that rank 0 has said it."""
+
+
+def _bad_input(rank: int, message: str) -> int:
+    """Every rank sees the same input, so only rank 0 says what is wrong; every rank exits 2."""
+    if rank == 0:
+        _error(message)
+    else:
+        # A launcher stops the whole job when the first rank exits: leaving before rank 0 has printed
+        # would lose the only line. Rank 0's exit ends this wait early.
+        time.sleep(RANK0_GRACE_S)
+    return EXIT_BAD_INPUT
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from benchmarks import launch
-    from benchmarks.run import harness, workloads
-    from benchmarks.run import recorder as results
+    from benchmarks.run import workloads
 
+    info = launch.detect()
     cfg = workloads.resolve(config.from_namespace(RunConfig, args))
     try:
         validate(args.backend, cfg)
-        options_type = backends.get(args.backend).options_type
-        run_dir = harness.run(args.backend, cfg, config.from_namespace(options_type, args))
+    except InputError as exc:
+        return _bad_input(info.rank, str(exc))
+
+    from benchmarks.run import harness  # imports torch: only past the checks that need none
+    from benchmarks.run import recorder as results
+
+    backend_cls = backends.get(args.backend)
+    notes = [f"distbench: warning: {flag} cannot affect backend '{args.backend}' (another backend's option); "
+             "recorded in run.json only" for flag in config.inert_options(args, backend_cls.options_type)]  # fmt: skip
+    if info.launcher == launch.PYTHON and args.backend != "single":
+        notes.append("no launcher detected: 1 rank; use torchrun/mpirun/horovodrun for more")
+    try:
+        options = config.from_namespace(backend_cls.options_type, args)
+        run_dir = harness.run(args.backend, cfg, options, config.all_options(args), notes)
     except (InputError, launch.WrongLauncherError) as exc:
-        print(f"distbench: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(info.rank, str(exc))
     except results.ResultsWriteError as exc:
-        print(f"distbench: error: {exc.strerror}", file=sys.stderr)
+        if info.rank == 0:
+            _error(exc.strerror)
         return 1
+    except harness.RunFailed:
+        return 1  # rank 0 has said it in one line; run.json holds it
     if run_dir is not None:
         print(run_dir)
     return 0
@@ -119,10 +157,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"distbench: error: --format takes md and/or html, not {args.format!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
     out = Path(args.out) if args.out else default_report_dir(args.paths)
+    blocker = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        _error(f"--out {out} is not a directory ({blocker} is a file); choose a directory for the report")
+        return EXIT_BAD_INPUT
     try:
         print(report.write(args.paths, out, formats, include_failed=args.include_failed))
     except (FileNotFoundError, load.SchemaError) as exc:
-        print(f"distbench: error: {exc}", file=sys.stderr)
+        _error(str(exc))
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        _error(f"cannot write the report to {out}: {exc.strerror or exc}; choose another --out")
         return EXIT_BAD_INPUT
     print(out)
     return 0

@@ -12,8 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
+def _opt(default: Any, help: str, shown: str | None = None, **extra: Any) -> Any:
+    """A documented field; `shown` is what a default of None means, for --help and the README."""
+    return field(default=default, metadata={"help": help, "shown": shown, **extra})
+
+
+WORKLOAD_DEFAULT = "the workload's"
+"""`shown` of an option whose None is filled in per workload (benchmarks.run.workloads.defaults_for)."""
 
 
 @dataclass
@@ -22,26 +27,26 @@ class RunConfig:
 
     workload: str = _opt("mlp", "workload name (linear, mlp, cnn, transformer) or package.module:factory")
     epochs: int = _opt(2, "number of epochs")
-    steps_per_epoch: int | None = _opt(None, "cap on optimizer steps per epoch (default: one pass)")
+    steps_per_epoch: int | None = _opt(None, "cap on optimizer steps per epoch", "one pass")
     batch_size: int | None = _opt(
-        None, "per-rank micro-batch size; global batch = batch × world size × accumulate (default: the workload's)"
+        None, "per-rank micro-batch size; global batch = batch × world size × accumulate", WORKLOAD_DEFAULT
     )
-    train_size: int | None = _opt(None, "training samples (default: the workload's own)")
-    val_size: int | None = _opt(None, "validation samples (default: the workload's own)")
+    train_size: int | None = _opt(None, "training samples", WORKLOAD_DEFAULT)
+    val_size: int | None = _opt(None, "validation samples", WORKLOAD_DEFAULT)
     lr: float | None = _opt(
-        None, "learning rate of SGD (momentum 0.9), the same for every backend, never scaled (default: the workload's)"
+        None, "learning rate of SGD (momentum 0.9), the same for every backend, never scaled", WORKLOAD_DEFAULT
     )
     seed: int = _opt(0, "seed for data, initial weights and shuffling")
     warmup_steps: int = _opt(5, "first steps flagged warm-up and left out of summary.csv")
-    device: str = _opt("cpu", "cpu or cuda", choices=("cpu", "cuda"))
-    threads: int | None = _opt(None, "torch intra-op threads per rank (default: cores ÷ local ranks)")
+    device: str = _opt("cpu", "cpu or cuda (one GPU per local rank)", choices=("cpu", "cuda"))
+    threads: int | None = _opt(None, "torch intra-op threads per rank, set under every launcher", "cores ÷ local ranks")
     out: str = _opt("results/runs", "directory that receives <run-id>/")
-    run_id: str | None = _opt(None, "name of the run directory (default: time-backend-workload-wN-xxxx)")
+    run_id: str | None = _opt(None, "name of the run directory", "time-backend-workload-wN-xxxx")
     flush_every: int = _opt(100, "gather per-rank rows to rank 0 every N steps (off the timed path)")
-    accumulate: int = _opt(1, "micro-batches per optimizer step (DDP no_sync / Horovod backward_passes)")
-    fp16_allreduce: bool = _opt(False, "compress gradients to fp16 for the allreduce (both backends)")
+    accumulate: int = _opt(1, "micro-batches per optimizer step: DDP no_sync, Horovod backward_passes_per_step")
+    fp16_allreduce: bool = _opt(False, "fp16 gradient compression: DDP fp16_compress_hook, Horovod Compression.fp16")
     timeout: float = _opt(300.0, "seconds a rank may wait in start-up or a collective before failing")
-    quiet: bool = _opt(False, "no progress bar")
+    quiet: bool = _opt(False, "no progress bar (the bar is on rank 0 only)")
     overwrite: bool = _opt(False, "replace an existing run directory of the same --run-id")
     inject_fault: str | None = _opt(
         None, "testing: fail as MODE@STEP[:RANK], MODE one of exception, exit0, exit1, abort, sigkill, sigterm, hang"
@@ -52,7 +57,7 @@ class RunConfig:
 class DDPConfig:
     """Knobs of torch.nn.parallel.DistributedDataParallel (defaults are PyTorch's)."""
 
-    dist_backend: str | None = _opt(None, "torch.distributed backend (default: gloo on CPU, nccl on CUDA)")
+    dist_backend: str | None = _opt(None, "torch.distributed backend", "gloo on CPU, nccl on CUDA")
     bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MB")
     gradient_as_bucket_view: bool = _opt(False, "let gradients alias the DDP buckets")
     static_graph: bool = _opt(False, "tell DDP the graph is the same every step")
@@ -66,7 +71,7 @@ class HorovodConfig:
 
     fusion_threshold_mb: float = _opt(128.0, "Horovod tensor-fusion buffer in MB (HOROVOD_FUSION_THRESHOLD)")
     cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME)")
-    hvd_op: str = _opt("average", "Horovod reduction op", choices=("average", "adasum"))
+    hvd_op: str = _opt("average", "Horovod reduction op: average or adasum", choices=("average", "adasum"))
 
 
 @dataclass
@@ -78,28 +83,60 @@ class InputError(ValueError):
     """Bad input caught before any work: one line naming the fix, exit code 2, no result files."""
 
 
+def no_timed_steps(cfg: RunConfig, steps_per_epoch: int) -> InputError:
+    """Too few steps for any to be timed after warm-up: a summary of nothing (nan) is bad input instead."""
+    return InputError(
+        f"--epochs {cfg.epochs} × {steps_per_epoch} steps per epoch leaves no timed step after --warmup-steps "
+        f"{cfg.warmup_steps}; raise --steps-per-epoch or --epochs, or lower --warmup-steps"
+    )
+
+
 SECTIONS: tuple[type, ...] = (RunConfig, DDPConfig, HorovodConfig)
 T = TypeVar("T")
+
+
+def workload_defaults_text(name: str) -> str:
+    """What `None` means for an option each workload sets, value by value: "mlp, cnn 0.05; transformer 0.3"."""
+    from benchmarks.run import workloads  # torch-free registry; imported late only to keep this module a leaf
+
+    by_value: dict[Any, list[str]] = {}
+    for workload in workloads.REGISTRY:
+        by_value.setdefault(workloads.defaults_for(workload).get(name, "its own"), []).append(workload)
+    by_value.setdefault(workloads.GENERIC_DEFAULTS.get(name, "its own"), []).append("module:factory")
+    return f"{WORKLOAD_DEFAULT}: " + "; ".join(f"{', '.join(names)} {value}" for value, names in by_value.items())
+
+
+def default_text(f: dataclasses.Field[Any]) -> str:
+    """The default a user gets, in words: shown in --help and in the README's option table."""
+    if f.metadata.get("shown") == WORKLOAD_DEFAULT:
+        return workload_defaults_text(f.name)
+    if f.default is None:
+        return f.metadata.get("shown") or "none"
+    if isinstance(f.default, bool):
+        return "on" if f.default else "off"
+    return str(f.default)
+
+
+def flag_of(f: dataclasses.Field[Any]) -> str:
+    return "--" + f.name.replace("_", "-")
 
 
 def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
     """Add one `--kebab-case` option per field of a config dataclass."""
     group = parser.add_argument_group(section.__name__, section.__doc__)
     for f in dataclasses.fields(section):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"]
+        # %(default)s, not the field's default, so a sub-command's set_defaults shows in its --help.
+        plain = f.default is not None and not isinstance(f.default, bool)
+        shown = "%(default)s" if plain else default_text(f).replace("%", "%%")
+        help_text = f.metadata["help"].replace("%", "%%") + f" (default: {shown})"
         if f.type in ("bool", bool):
             action = argparse.BooleanOptionalAction if f.default else "store_true"
-            group.add_argument(flag, action=action, default=f.default, help=help_text)
+            flags = [flag_of(f)]
+            # Set help after construction: BooleanOptionalAction appends its own "(default: True)" on 3.10/3.11.
+            group.add_argument(*flags, action=action, default=f.default).help = help_text
             continue
         kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(f.type), str)
-        group.add_argument(
-            flag,
-            type=kind,
-            default=f.default,
-            help=f"{help_text} (default: {f.default})",
-            choices=f.metadata.get("choices"),
-        )
+        group.add_argument(flag_of(f), type=kind, default=f.default, help=help_text, choices=f.metadata.get("choices"))
 
 
 def from_namespace(section: type[T], args: argparse.Namespace) -> T:
@@ -118,3 +155,38 @@ def to_argv(section_obj: Any) -> list[str]:
         elif value is not None and value != f.default:
             argv += [flag, str(value)]
     return argv
+
+
+def all_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Every run option's value, backend sections included, flat by field name (run.json `config`)."""
+    return {f.name: getattr(args, f.name) for section in SECTIONS for f in dataclasses.fields(section)}
+
+
+def inert_options(args: argparse.Namespace, own: type) -> list[str]:
+    """Flags of another backend's section set away from their default: they cannot affect this backend."""
+    return [
+        "--no-" + flag_of(f)[2:] if f.default is True else flag_of(f)
+        for section in SECTIONS
+        if section is not RunConfig and section is not own
+        for f in dataclasses.fields(section)
+        if getattr(args, f.name) != f.default
+    ]
+
+
+def option_table() -> str:
+    """The README's `distbench run` option table, generated from the dataclasses (a test keeps them equal)."""
+    rows = ["| option | default | meaning |", "|---|---|---|", "| `--backend` | — | `ddp`, `horovod` or `single` |"]
+    for section in SECTIONS:
+        if section is not RunConfig:
+            doc = " ".join((section.__doc__ or "").split())
+            rows.append(f"| **{section.__name__}** | | {doc} Other backends ignore these (with a warning). |")
+        for f in dataclasses.fields(section):
+            flag = flag_of(f)
+            if f.default is True:
+                flag = f"{flag}` / `--no-{flag[2:]}"
+            rows.append(f"| `{flag}` | {default_text(f)} | {f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m benchmarks.config: print the README option table
+    print(option_table(), end="")

@@ -21,6 +21,8 @@ import secrets
 import shutil
 import socket
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ import torch
 
 import backends
 from backends.base import Backend
-from benchmarks import environment, launch
+from benchmarks import config, environment, launch
 from benchmarks.config import InputError, RunConfig
 from benchmarks.run import faults, guard, workloads
 from benchmarks.run import recorder as results
@@ -69,12 +71,62 @@ def _open_recorder(backend: Backend, cfg: RunConfig, meta: dict[str, Any]) -> re
     return recorder
 
 
+class RunFailed(RuntimeError):
+    """A run that started failed; its error is recorded in run.json (rank 0), and this says it in one line."""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def check_workload(workload: workloads.Workload, name: str) -> int:
+    """Catch a malformed workload up front, in one line; returns the model's trainable parameter count.
+
+    A loss reduced to a mean would still train, on a gradient divided by the batch size, so the shape
+    of the loss on two samples is checked here rather than trusted.
+    """
+
+    def problem(text: str) -> InputError:
+        return InputError(f"workload '{name}': {text}")
+
+    for split in ("train", "val"):
+        data = getattr(workload, split)
+        if not (isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data)):
+            raise problem(f"{split} must be a tuple (inputs, targets) of tensors")
+        if len(data[0]) != len(data[1]) or len(data[0]) == 0:
+            raise problem(f"{split} has {len(data[0])} inputs and {len(data[1])} targets; both must be equal and > 0")
+    try:
+        model = workload.build_model()
+        if not isinstance(model, torch.nn.Module):
+            raise problem(f"build_model() returned {type(model).__name__}, not a torch.nn.Module")
+        x, y = workload.train[0][:2], workload.train[1][:2]
+        model.eval()  # a throwaway copy: no BatchNorm statistics of the real model move
+        with torch.no_grad():
+            out = model(x)
+            checks = {"loss": workload.loss(out, y)}
+            if workload.correct is not None:
+                checks["correct"] = workload.correct(out, y)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise problem(f"a forward pass and loss on 2 training samples failed: {_describe(exc)}") from exc
+    for fn, value in checks.items():
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        if shape != (len(x),):
+            raise problem(
+                f"{fn}(out, target) must give one value per sample (shape ({len(x)},) for 2 samples), got {shape}; "
+                "return it unreduced, e.g. F.cross_entropy(out, target, reduction='none')"
+            )
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload:
-    """The workload, or an InputError when it cannot be built or gives a rank no full batch."""
+    """The workload, or an InputError when it cannot be built, is malformed, or gives a rank no timed step."""
     try:
         workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
+    check_workload(workload, cfg.workload)
     shard = len(workload.train[0]) // world_size
     if shard < cfg.batch_size * cfg.accumulate:
         raise InputError(
@@ -82,11 +134,27 @@ def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload
             f"of the {len(workload.train[0])} training samples ({shard} on {world_size} ranks); "
             "lower --batch-size or raise --train-size"
         )
+    steps = shard // cfg.batch_size // cfg.accumulate  # what sharding.train_batches gives each rank
+    steps = min(steps, cfg.steps_per_epoch or steps)
+    if cfg.epochs * steps <= cfg.warmup_steps:
+        raise config.no_timed_steps(cfg, steps)
     return workload
 
 
-def run(backend_name: str, cfg: RunConfig, options: Any) -> Path | None:
-    """Run one benchmark inside whatever launched this process; rank 0 returns the run directory."""
+def run(
+    backend_name: str,
+    cfg: RunConfig,
+    options: Any,
+    given: dict[str, Any] | None = None,
+    notes: Sequence[str] = (),
+) -> Path | None:
+    """Run one benchmark inside whatever launched this process; rank 0 returns the run directory.
+
+    `given` is every option the user passed (other backends' too), recorded in run.json `config` next to
+    the values in effect; rank 0 prints `notes` once the input has passed every check. A failure after
+    start-up is recorded in run.json, said in one line by rank 0 (even when a signal or the watchdog ends
+    it), and raised as RunFailed.
+    """
     cfg = workloads.resolve(cfg)
     info = launch.detect()
     backend_cls = backends.get(backend_name)
@@ -96,6 +164,9 @@ def run(backend_name: str, cfg: RunConfig, options: Any) -> Path | None:
     fault = faults.Fault.parse(cfg.inject_fault) if cfg.inject_fault else None
     threads = cfg.threads or default_threads(info.local_world_size)
     torch.set_num_threads(threads)
+    if info.rank == 0:
+        for note in notes:
+            print(note, file=sys.stderr, flush=True)
     started = _now()
     backend = backend_cls(cfg, options, info)
     recorder: results.Recorder | None = None
@@ -110,9 +181,29 @@ def run(backend_name: str, cfg: RunConfig, options: Any) -> Path | None:
         elif run_dir is not None and backend.rank != 0:
             guard.write_failure_note(run_dir, backend.rank, error)
 
-    guard.install_sigterm_watcher(lambda: record_failure("terminated by SIGTERM (a launcher stopping the job)"))
-    watchdog = guard.Watchdog(cfg.timeout, record_failure)  # its grace lets collectives' own timeouts fire first
-    backend.init()
+    said = threading.Lock()  # the main thread, the SIGTERM watcher and the watchdog may all fail the run
+
+    def fail(error: str) -> str:
+        """Record the failure; rank 0 says it once, naming the root cause's rank and the run directory."""
+        record_failure(error)
+        meta = recorder.meta if recorder is not None else {"error": error}
+        rank = f" on rank {meta['failed_rank']}" if "failed_rank" in meta else ""
+        where = f"; details in {recorder.run_dir / 'run.json'}" if recorder is not None else ""
+        message = f"run failed{rank}: {meta['error']}{where}"
+        if backend.rank == 0 and said.acquire(blocking=False):
+            print(f"distbench: error: {message}", file=sys.stderr, flush=True)
+        return message
+
+    guard.install_sigterm_watcher(lambda: fail("terminated by SIGTERM (a launcher stopping the job)"))
+    watchdog = guard.Watchdog(cfg.timeout, fail)  # its grace lets collectives' own timeouts fire first
+    try:
+        backend.init()
+    except (InputError, launch.WrongLauncherError):
+        watchdog.stop()
+        raise
+    except Exception as exc:
+        watchdog.stop()
+        raise RunFailed(fail(f"the {backend_name} backend could not start: {_describe(exc)}")) from exc
     watchdog.beat()
     try:
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
@@ -124,7 +215,8 @@ def run(backend_name: str, cfg: RunConfig, options: Any) -> Path | None:
             "local_world_size": info.local_world_size, "workload": cfg.workload,
             "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
             "train_size": len(workload.train[0]), "val_size": len(workload.val[0]),
-            "config": dataclasses.asdict(cfg), "knobs": {}, "threads": threads,
+            "config": {**(given or {}), **dataclasses.asdict(cfg), **dataclasses.asdict(options)},
+            "workload_source": workloads.source(cfg.workload), "knobs": {}, "threads": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "optimizer": {"name": "SGD", "lr": cfg.lr, "momentum": 0.9},
             "versions": environment.versions(),
@@ -135,6 +227,8 @@ def run(backend_name: str, cfg: RunConfig, options: Any) -> Path | None:
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         if recorder is not None:
             recorder.meta["knobs"] = backend.describe()
+            params = trainer.raw_model.parameters()
+            recorder.meta["model_parameters"] = sum(p.numel() for p in params if p.requires_grad)
         trainer.fit()
         if recorder is not None:
             recorder.summary(trainer.timed_wall_s)
@@ -142,9 +236,11 @@ def run(backend_name: str, cfg: RunConfig, options: Any) -> Path | None:
             return recorder.run_dir
         return None
     except BaseException as exc:
-        if not isinstance(exc, InputError):
-            record_failure(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        raise
+        if isinstance(exc, (InputError, results.ResultsWriteError)) or not isinstance(exc, Exception):
+            if not isinstance(exc, InputError):
+                record_failure(_describe(exc))
+            raise  # bad input and a full disk have their own one line; SystemExit keeps its code
+        raise RunFailed(fail(_describe(exc))) from exc
     finally:
         watchdog.beat()  # shutting down may wait on peers too; give it a full timeout
         backend.shutdown()

@@ -8,9 +8,13 @@ user's own is loaded with `--workload package.module:factory`, where
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -85,20 +89,40 @@ def resolve(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, **fill)
 
 
-def load(name: str, seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
-    """Build a workload by registry name or `package.module:factory`."""
+def _factory(name: str) -> Callable[..., Any]:
     if name in REGISTRY:
         module_name, _, attr = REGISTRY[name].factory.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
-    elif ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load workload '{name}': {exc}") from exc
-    else:
+        return getattr(importlib.import_module(module_name), attr)
+    if ":" not in name:
         raise ValueError(f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)")
-    workload = factory(seed, train_size, val_size)
-    if len(workload.val[0]) == 0:
-        raise ValueError(f"workload '{name}' has an empty validation set")
+    # The console script's sys.path[0] is its bin directory, not the working directory `python -m` would
+    # add; put it first so `--workload mymodule:factory` finds ./mymodule.py either way.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module_name, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # a user's module may fail to import in any way; say which workload
+        raise ValueError(f"cannot load workload '{name}': {type(exc).__name__}: {exc}") from exc
+
+
+def load(name: str, seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
+    """Build a workload by registry name or `package.module:factory`; ValueError, naming it, on any failure."""
+    factory = _factory(name)
+    try:
+        workload = factory(seed, train_size, val_size)
+    except Exception as exc:
+        raise ValueError(f"workload '{name}' failed to build: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload '{name}': the factory returned {type(workload).__name__}, not a workloads.Workload")
     return workload
+
+
+def source(name: str) -> dict[str, str]:
+    """The file a loaded workload's factory lives in and its SHA-256, so run.json pins the exact code."""
+    module_name = REGISTRY[name].factory.partition(":")[0] if name in REGISTRY else name.partition(":")[0]
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    if path is None:
+        return {"module": module_name, "file": "", "sha256": ""}
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return {"module": module_name, "file": str(Path(path).resolve()), "sha256": digest}
