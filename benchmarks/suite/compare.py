@@ -46,7 +46,7 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
     rest = {k: v for k, v in PRESET.items() if k != "workload"}
     cmp.description = (
         f"With no options: DDP vs Horovod on {PRESET['workload']} (a small GPT), 2 ranks, 3 interleaved repeats, "
-        f"about 70 s on 2 cores. Without --workload the run options default to {_flags(rest)} and the "
+        f"about 70–80 s on 2 cores. Without --workload the run options default to {_flags(rest)} and the "
         "transformer's own --lr and --batch-size; with --workload W they default to run's and W's own. "
         "compare prints the options in effect before it starts."
     )
