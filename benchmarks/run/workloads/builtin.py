@@ -7,6 +7,10 @@ generated whole from a generator seeded only by `seed`.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,13 +51,19 @@ def linear(seed: int, train_size: int | None = None, val_size: int | None = None
     )
 
 
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's bundled digits, read from its file: `sklearn.datasets` would pull pandas and scipy
+    into every rank."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise ValueError("the mlp workload needs scikit-learn's bundled digits: pip install scikit-learn")
+    table = np.loadtxt(Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+    return torch.tensor(table[:, :-1], dtype=torch.float32) / 16.0, torch.tensor(table[:, -1], dtype=torch.long)
+
+
 def mlp(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
     """A 64-128-128-10 classifier on scikit-learn's bundled 8×8 digits (1797 real images)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
+    x, y = _digits()
     n_val = val_size or REGISTRY["mlp"].defaults["val_size"]
     n_train = train_size or len(x) - n_val
     if n_train + n_val > len(x):
