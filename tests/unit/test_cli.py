@@ -167,6 +167,9 @@ def test_rank_side_imports_no_analysis_stack_and_bad_input_no_torch(tmp_path) ->
         assert main(["run", "--backend", "ddp", "--lr", "0"]) == 2
         assert "torch" not in sys.modules, "bad input needing no torch imported it"
         assert main(["run", "--backend", "single", {", ".join(map(repr, TINY))}, "--out", {str(tmp_path)!r}]) == 0
+        # mlp reads sklearn's bundled data, which must not drag in sklearn.datasets (pandas, scipy)
+        mlp = [a if a != "linear" else "mlp" for a in {TINY!r}]
+        assert main(["run", "--backend", "single", *mlp, "--out", {str(tmp_path)!r}]) == 0
         heavy = sorted(m for m in ("pandas", "scipy", "matplotlib") if m in sys.modules)
         assert not heavy, heavy
         """)
