@@ -47,14 +47,23 @@ class ResultsWriteError(OSError):
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write via temp file + fsync + rename, so a reader never sees half a run.json."""
+    """Write via temp file + fsync + rename, so a reader never sees half a run.json.
+
+    A write that fails part-way (disk full, a value that cannot be written) leaves the old file as it
+    was and removes its temp file.
+    """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class Recorder:

@@ -7,11 +7,37 @@ import time
 from typing import Any
 
 import torch
+from torch import nn
 
 from backends.base import Backend
 from benchmarks.config import RunConfig
 from benchmarks.run import faults, guard, progress, sharding, workloads
 from benchmarks.run import recorder as results
+
+VALIDATION_BUFFERS = "mean over ranks of floating-point buffers before each validation; training continues with it"
+"""What `validate` evaluates, recorded in run.json: BatchNorm running statistics differ per rank (Horovod
+never syncs buffers; DDP's last forward updates them locally), so they are made equal first."""
+
+
+def average_buffers(backend: Backend, model: nn.Module) -> None:
+    """Set every floating-point buffer to its mean over ranks; one already equal everywhere keeps its bits.
+
+    The mean is kept for training, so every rank carries on from the model that was evaluated. For
+    running statistics (linear updates) that changes no later mean; DDP broadcasts rank 0's, now the mean.
+    """
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if not buffers or backend.world_size == 1:
+        return
+    flat = torch.cat([b.detach().reshape(-1).double() for b in buffers])
+    total = backend.all_reduce(flat.clone(), "sum")
+    high = backend.all_reduce(flat.clone(), "max")
+    low = -backend.all_reduce(-flat, "max")
+    # An equal buffer (a constant mask, say) stays bit-exact: sum / world size may round it.
+    mean = torch.where(high == low, flat, total / backend.world_size)
+    offset = 0
+    for buffer in buffers:
+        buffer.copy_(mean[offset : offset + buffer.numel()].view_as(buffer))
+        offset += buffer.numel()
 
 
 class Trainer:
@@ -37,6 +63,8 @@ class Trainer:
         self.global_step = 0
         self.timed_wall_s = 0.0
         self.progress: progress.tqdm | progress.LineProgress | None = None
+        if recorder is not None:
+            recorder.meta["validation_buffers"] = VALIDATION_BUFFERS
 
     def _beat(self) -> None:
         if self.watchdog is not None:
@@ -95,13 +123,26 @@ class Trainer:
             "correct_sum": sum(float(correct(o, t).double().sum()) for _, o, t in kept) if correct else None,
         }  # fmt: skip
 
-    def flush(self) -> None:
-        """Gather buffered rows to rank 0 (a collective, so never called inside a timed step)."""
+    def flush(self) -> float:
+        """Gather buffered rows to rank 0 (collectives, so never called inside a timed step).
+
+        Returns the seconds spent once every rank had arrived: the part the timed window leaves out.
+        Waiting for the slowest rank to end its step stays in the window, since that is step time.
+        """
+        self.backend.barrier()
+        start = time.perf_counter()
         gathered = self.backend.all_gather_object([self.pending, self.backend.rank])
         self.pending = []
-        if self.recorder is None:
-            return
-        meta = self.recorder.meta
+        if self.recorder is not None:
+            self._record(gathered, self.recorder)
+        # All ranks leave together: otherwise the others' next step would wait for rank 0's writing inside
+        # a gradient reduction, and that time, taken out of the window, would count in their step_s.
+        self.backend.barrier()
+        return time.perf_counter() - start
+
+    def _record(self, gathered: list[Any], recorder: results.Recorder) -> None:
+        """Rank 0: write the gathered rows to timing.csv and loss.csv."""
+        meta = recorder.meta
         common = {"run_id": meta["run_id"], "backend": meta["backend"], "world_size": meta["world_size"]}
         timing, by_step = [], {}
         for rows, rank in gathered:
@@ -126,14 +167,15 @@ class Trainer:
              "accuracy": a["correct"] / a["samples"] if a["has_acc"] else None, "samples": a["samples"]}
             for step, a in sorted(by_step.items())
         ]  # fmt: skip
-        self.recorder.timing(timing)
-        self.recorder.loss(losses)
+        recorder.timing(timing)
+        recorder.loss(losses)
         if self.progress is not None and losses:
             self.progress.set_postfix(loss=f"{losses[-1]['loss']:.4f}")
 
     @torch.no_grad()
     def validate(self, epoch: int) -> dict[str, Any]:
         """Exact distributed validation: every sample once; sums and counts reduced, not averages."""
+        average_buffers(self.backend, self.raw_model)  # one model on every rank, not one per rank
         x_all, y_all = self.workload.val
         mine = sharding.val_indices(len(x_all), self.backend.rank, self.backend.world_size)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct sum, count
@@ -157,6 +199,15 @@ class Trainer:
             "samples": int(count),
         }  # fmt: skip
 
+    def _longest_window(self, seconds: float) -> float:
+        """The longest of the ranks' timed windows (gathers left out), each on its own clock.
+
+        Every rank's timed steps then fit inside it; rank 0's alone would not hold another rank's steps
+        when rank 0 is descheduled while leaving a gather and the others are already stepping.
+        """
+        mine = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        return float(self.backend.all_reduce(mine, "max").item())
+
     def fit(self) -> None:
         cfg = self.cfg
         plan = [self.steps_in_epoch(epoch) for epoch in range(cfg.epochs)]
@@ -178,15 +229,19 @@ class Trainer:
                 self._beat()
                 self.progress.update()
                 if len(self.pending) >= cfg.flush_every:
-                    t0 = time.perf_counter()
-                    self.flush()
-                    flush_s += time.perf_counter() - t0
+                    spent = self.flush()
+                    if window_start is not None:  # a warm-up gather happened before the window opened
+                        flush_s += spent
             if window_start is not None:
                 self.backend.barrier()
-                self.timed_wall_s += time.perf_counter() - window_start - flush_s
+                self.timed_wall_s += self._longest_window(time.perf_counter() - window_start - flush_s)
             self.flush()
             self._beat()
             val = self.validate(epoch)
             if self.recorder is not None:
                 self.recorder.loss([val])
         self.progress.close()
+        # Leave together. With DDP the gloo process group outlives destroy_process_group (DDP keeps it and
+        # its threads until exit) and, under mpirun, MPI_Finalize makes every rank exit at the same moment;
+        # no rank may then still be inside the last collective while a peer tears its sockets down.
+        self.backend.barrier()

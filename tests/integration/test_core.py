@@ -76,36 +76,18 @@ def test_csv_contract(equivalence_runs) -> None:
 
 @pytest.mark.timeout(300)
 def test_exact_validation_on_2_and_3_ranks(tmp_path) -> None:
-    # lr 0 keeps the weights at their (identical) initial values, so only the validation differs.
-    args = [
-        "run",
-        "--backend",
-        "{b}",
-        "--workload",
-        "mlp",
-        "--train-size",
-        "256",
-        "--val-size",
-        "1001",
-        "--epochs",
-        "1",
-        "--steps-per-epoch",
-        "2",
-        "--lr",
-        "0",
-        "--quiet",
-        "--out",
-        str(tmp_path),
-    ]
+    # The same global batch (96) on 1, 2 and 3 ranks trains the same weights, so only the validation differs.
+    args = ["run", "--backend", "{b}", "--workload", "mlp", "--train-size", "256", "--val-size", "1001", "--epochs",
+            "1", "--steps-per-epoch", "2", "--warmup-steps", "1", "--quiet", "--out", str(tmp_path)]  # fmt: skip
     values = {}
     for world, cmd, backend in ((1, CLI, "single"), (2, torchrun(2), "ddp"), (3, torchrun(3), "ddp")):
         argv = [a.replace("{b}", backend) for a in args]
-        run_ok([*cmd, *argv, "--run-id", f"w{world}"], timeout=180)
+        run_ok([*cmd, *argv, "--batch-size", str(96 // world), "--run-id", f"w{world}"], timeout=180)
         loss = read_run(tmp_path / f"w{world}")["loss"]
         values[world] = loss[loss.split == "val"].iloc[-1]
     for world in (2, 3):
         assert values[world]["samples"] == 1001
-        assert values[world]["loss"] == pytest.approx(values[1]["loss"], abs=1e-6)
+        assert values[world]["loss"] == pytest.approx(values[1]["loss"], abs=1e-5)
         assert values[world]["accuracy"] == pytest.approx(values[1]["accuracy"], abs=1e-6)
 
 
@@ -117,11 +99,13 @@ def test_custom_workload_by_module_path(tmp_path) -> None:
             "--backend",
             "single",
             "--workload",
-            "benchmarks.run.workloads:linear",
+            "benchmarks.run.workloads.builtin:linear",
             "--epochs",
             "1",
             "--steps-per-epoch",
             "3",
+            "--warmup-steps",
+            "1",
             "--quiet",
             "--out",
             str(tmp_path),
@@ -129,7 +113,8 @@ def test_custom_workload_by_module_path(tmp_path) -> None:
             "custom",
         ]
     )
-    assert pd.read_csv(tmp_path / "custom" / "summary.csv")["workload"].iloc[0] == "benchmarks.run.workloads:linear"
+    summary = pd.read_csv(tmp_path / "custom" / "summary.csv")
+    assert summary["workload"].iloc[0] == "benchmarks.run.workloads.builtin:linear"
 
 
 @pytest.mark.timeout(180)
