@@ -244,7 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    code = args.func(args)
+    if args.command == "run" and argv is None and "mpi4py.MPI" in sys.modules:
+        from benchmarks.launch import rendezvous
+
+        rendezvous.exit_process(code)  # the process is ending anyway (argv None: not called in-process)
+    return code
 
 
 if __name__ == "__main__":

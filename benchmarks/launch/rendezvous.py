@@ -6,7 +6,10 @@ picks its address and a free port and tells the others over MPI; a lone python p
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
+from typing import NoReturn
 
 from benchmarks.launch import MPIRUN, LaunchInfo
 
@@ -33,3 +36,20 @@ def endpoint(info: LaunchInfo) -> tuple[str, int]:
     if info.master_addr is None:  # plain python: a one-process group
         return "127.0.0.1", free_port()
     return info.master_addr, info.master_port or 29500
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a rank that used mpi4py for its rendezvous: finalize MPI, then exit without interpreter teardown.
+
+    A DDP job under mpirun keeps gloo's threads alive until the process ends (destroy_process_group does
+    not stop them). Left to ordinary interpreter teardown, one rank's sockets could close while a peer's gloo
+    thread still used them, and a job that had completed aborted at exit (about 1 run in 20). Everything is
+    written and fsync'ed by now, so nothing is lost by skipping teardown.
+    """
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    os._exit(code)
