@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 _MODULES = {"ddp": "backends.ddp:DDPBackend", "horovod": "backends.horovod:HorovodBackend",
             "single": "backends.single:SingleBackend"}  # fmt: skip
 NAMES = tuple(_MODULES)
+ONE_PROCESS = frozenset({"single"})
+"""Backends that always run as one process, whatever --nproc or launcher the others get."""
 
 
 def get(name: str) -> type[Backend]:

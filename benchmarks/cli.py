@@ -36,11 +36,11 @@ def validate(backend: str, cfg: RunConfig) -> None:
         raise InputError(f"unknown backend '{backend}'; known: {', '.join(backends.NAMES)}")
     for name in ("epochs", "batch_size", "accumulate", "flush_every"):
         if getattr(cfg, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)}")
+            raise InputError(f"{config.flag(name)} must be a positive integer, got {getattr(cfg, name)}")
     for name in ("train_size", "val_size", "steps_per_epoch", "threads"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+            raise InputError(f"{config.flag(name)} must be a positive integer, got {value}")
     if not cfg.lr > 0:  # also refuses nan
         raise InputError(f"--lr must be a positive number, got {cfg.lr}")
     if cfg.warmup_steps < 0 or not cfg.timeout > 0:
@@ -97,7 +97,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     backend_cls = backends.get(args.backend)
     notes = [f"distbench: warning: {flag} cannot affect backend '{args.backend}' (another backend's option); "
              "recorded in run.json only" for flag in config.inert_options(args, backend_cls.options_type)]  # fmt: skip
-    if info.launcher == launch.PYTHON and args.backend != "single":
+    if info.launcher == launch.PYTHON and args.backend not in backends.ONE_PROCESS:
         notes.append("no launcher detected: 1 rank; use torchrun/mpirun/horovodrun for more")
     try:
         options = config.from_namespace(backend_cls.options_type, args)
@@ -134,7 +134,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         compare.check_launchers(names, args.launcher)
         from benchmarks.run import harness  # imports torch: only past the checks that need none
 
-        for world_size in {1 if name == "single" else args.nproc for name in names}:
+        for world_size in {1 if name in backends.ONE_PROCESS else args.nproc for name in names}:
             harness.load_checked_workload(cfg, world_size)
         root = compare.make_compare_dir(Path(cfg.out), cfg.run_id)
     except InputError as exc:
@@ -245,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     code = args.func(args)
-    if args.command == "run" and argv is None and "mpi4py.MPI" in sys.modules:
+    # Only a completed run: after a failure the peers may be gone or waiting out RANK0_GRACE_S, and
+    # MPI_Finalize would wait for them.
+    if args.command == "run" and code == 0 and argv is None and "mpi4py.MPI" in sys.modules:
         from benchmarks.launch import rendezvous
 
         rendezvous.exit_process(code)  # the process is ending anyway (argv None: not called in-process)

@@ -117,8 +117,13 @@ def default_text(f: dataclasses.Field[Any]) -> str:
     return str(f.default)
 
 
+def flag(name: str) -> str:
+    """The `--kebab-case` option of a config field name."""
+    return "--" + name.replace("_", "-")
+
+
 def flag_of(f: dataclasses.Field[Any]) -> str:
-    return "--" + f.name.replace("_", "-")
+    return flag(f.name)
 
 
 def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
@@ -148,12 +153,12 @@ def to_argv(section_obj: Any) -> list[str]:
     argv: list[str] = []
     for f in dataclasses.fields(section_obj):
         value = getattr(section_obj, f.name)
-        flag = "--" + f.name.replace("_", "-")
+        option = flag_of(f)
         if isinstance(value, bool):
             if value != f.default:
-                argv.append(flag if value else "--no-" + flag[2:])
+                argv.append(option if value else "--no-" + option[2:])
         elif value is not None and value != f.default:
-            argv += [flag, str(value)]
+            argv += [option, str(value)]
     return argv
 
 

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.analysis.load import RunSet  # noqa: E402
+from benchmarks.analysis.tables import setup_label  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -39,6 +40,7 @@ def throughput(table: pd.DataFrame, path: Path) -> Path:
 
 def step_times(rs: RunSet, path: Path) -> Path:
     timed = rs.timing[~rs.timing["warmup"].astype(bool)]
+    timed = timed.assign(backend=setup_label(timed))
     slowest = timed.groupby(["backend", "run_key", "step"], sort=False, observed=True)["step_s"].max().reset_index()
     names = list(dict.fromkeys(slowest.backend))
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -51,7 +53,7 @@ def step_times(rs: RunSet, path: Path) -> Path:
 
 def loss_curves(rs: RunSet, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, (backend, rows) in enumerate(rs.loss.groupby("backend", sort=False)):
+    for i, (backend, rows) in enumerate(rs.loss.groupby(setup_label(rs.loss), sort=False)):
         first = rows[rows.run_key == rows.run_key.min()]
         train, val = first[first.split == "train"], first[first.split == "val"]
         ax.plot(train.step, train.loss, color=f"C{i}", alpha=0.8, label=f"{backend} train")

@@ -77,6 +77,21 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _compare_order(runs: pd.DataFrame) -> pd.DataFrame:
+    """Backends in the order `compare --backends` gave them (its comparison.csv), so the report's ratio
+    base is the compare table's; runs outside a comparison keep their path order, after those."""
+    rank: dict[str, int] = {}
+    for parent in dict.fromkeys(Path(key).parent for key in runs["run_key"]):
+        listed = parent / "comparison.csv"
+        if listed.is_file():
+            for backend in pd.read_csv(listed, usecols=["backend"])["backend"]:
+                rank.setdefault(str(backend), len(rank))
+    if not rank:
+        return runs
+    order = runs["backend"].map(lambda b: rank.get(str(b), len(rank)))
+    return runs.iloc[order.argsort(kind="stable")].reset_index(drop=True)
+
+
 def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
     """Load runs into tidy frames; timing and loss rows carry their run's metadata.
 
@@ -110,7 +125,7 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
                 sink.append((row["run_key"], frame_))
     if not metas:
         raise FileNotFoundError(f"no usable runs under {', '.join(map(str, paths))}: {'; '.join(skipped)}")
-    runs = pd.DataFrame(metas)
+    runs = _compare_order(pd.DataFrame(metas))
     by_key = runs.set_index("run_key")
 
     def frame(parts: list[tuple[str, pd.DataFrame]], categorical: bool) -> pd.DataFrame:

@@ -47,7 +47,7 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
         ]
     if len(rs.loss):
         images.append(figures.loss_curves(rs, out / "loss_curves.png"))
-    if scale.efficiency.notna().any():
+    if ((scale.world_size > 1) & scale.efficiency.notna()).any():  # a curve, not a lone 1-rank point
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
     sections = {
         "What was compared": context.setup_table(rs, per_run),

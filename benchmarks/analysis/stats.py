@@ -21,6 +21,11 @@ def _logs(values: Sequence[float]) -> np.ndarray:
     return np.log(data[np.isfinite(data) & (data > 0)])
 
 
+def usable(values: Sequence[float]) -> int:
+    """How many values an interval is computed from (finite and positive)."""
+    return len(_logs(values))
+
+
 def no_interval_reason(n: int) -> str:
     """'' when n values are enough for an interval, else the plain-words reason."""
     return "" if n >= MIN_RUNS else f"{n} run{'s' * (n != 1)}: no interval (needs ≥ {MIN_RUNS})"

@@ -89,13 +89,24 @@ def _final_losses(loss: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
+def setup_label(rows: pd.DataFrame) -> pd.Series:
+    """Backend name, plus workload and world size where the rows span several, so that figures never
+    pool different setups into one bar or curve."""
+    label = rows["backend"].astype(str)
+    for column, fmt in (("workload", " {}"), ("world_size", " w{}")):
+        if column in rows and rows[column].nunique() > 1:
+            label = label + rows[column].map(lambda v, f=fmt: f.format(v))
+    return label
+
+
 def phase_breakdown(rs: RunSet) -> pd.DataFrame:
-    """Mean seconds per timed step in each phase, per backend."""
+    """Mean seconds per timed step in each phase, per backend (per backend and setup when runs differ)."""
     phases = ["data_s", "forward_s", "backward_s", "optimizer_s"]
     if not len(rs.timing):
         return pd.DataFrame(columns=["backend", *phases])
     timed = rs.timing[~rs.timing["warmup"].astype(bool)]
-    return timed.groupby("backend", sort=False, observed=True)[phases].mean().reset_index()
+    by = setup_label(timed).rename("backend")
+    return timed[phases].groupby(by, sort=False).mean().reset_index()
 
 
 def setups(per_run: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
@@ -139,7 +150,8 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
             if len(mine):
                 mean, lo, hi = stats.log_ci(mine["samples_per_s"])
                 row.update(
-                    samples_per_s=mean, ci_low=lo, ci_high=hi, interval=stats.no_interval_reason(len(mine)),
+                    samples_per_s=mean, ci_low=lo, ci_high=hi,
+                    interval=stats.no_interval_reason(stats.usable(mine["samples_per_s"])),
                     step_p50_s=mine["step_p50_s"].mean(), step_p99_s=mine["step_p99_s"].mean(),
                     final_train_loss=mine["final_train_loss"].mean(), final_val_loss=mine["final_val_loss"].mean(),
                 )  # fmt: skip

@@ -79,8 +79,8 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def check_workload(workload: workloads.Workload, name: str) -> int:
-    """Catch a malformed workload up front, in one line; returns the model's trainable parameter count.
+def check_workload(workload: workloads.Workload, name: str) -> None:
+    """Catch a malformed workload up front, in one line.
 
     A loss reduced to a mean would still train, on a gradient divided by the batch size, so the shape
     of the loss on two samples is checked here rather than trusted.
@@ -117,7 +117,6 @@ def check_workload(workload: workloads.Workload, name: str) -> int:
                 f"{fn}(out, target) must give one value per sample (shape ({len(x)},) for 2 samples), got {shape}; "
                 "return it unreduced, e.g. F.cross_entropy(out, target, reduction='none')"
             )
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload:

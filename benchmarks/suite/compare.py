@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import backends
 from benchmarks import config, launch
 from benchmarks.config import InputError, RunConfig
 from benchmarks.run import workloads
@@ -38,7 +39,7 @@ PRESET: dict[str, Any] = {"workload": "transformer", "epochs": 1, "steps_per_epo
 
 
 def _flags(options: dict[str, Any]) -> str:
-    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in options.items())
+    return " ".join(f"{config.flag(k)} {v}" for k, v in options.items())
 
 
 def add_arguments(cmp: argparse.ArgumentParser) -> None:
@@ -92,19 +93,18 @@ def effective_config(args: argparse.Namespace) -> tuple[RunConfig, bool]:
 
 
 def launcher_for(backend: str, launcher: str | None) -> str:
-    """The launcher a backend's runs start under: single always under python (one process)."""
-    return launch.PYTHON if backend == "single" else launcher or DEFAULT_LAUNCHER[backend]
+    """The launcher a backend's runs start under: a one-process backend always under python."""
+    return launch.PYTHON if backend in backends.ONE_PROCESS else launcher or DEFAULT_LAUNCHER[backend]
 
 
 def check_launchers(names: list[str], launcher: str | None) -> None:
     """Refuse, before anything starts, a backend the chosen launcher cannot start."""
-    import backends  # the Backend classes declare their launchers; imports torch
-
     accepts = {name: backends.get(name).launchers for name in names}
     for name, supported in accepts.items():
         chosen = launcher_for(name, launcher)
         if chosen not in supported:
-            common = [x for x in FORCEABLE_LAUNCHERS if all(x in s for b, s in accepts.items() if b != "single")]
+            many = [s for b, s in accepts.items() if b not in backends.ONE_PROCESS]
+            common = [x for x in FORCEABLE_LAUNCHERS if all(x in s for s in many)]
             fix = f"use --launcher {' or '.join(common)}" if common else "compare them in separate commands"
             raise InputError(
                 f"backend '{name}' cannot run under {chosen} (it runs under {', '.join(supported)}); "
@@ -116,7 +116,7 @@ def describe(cfg: RunConfig, preset: bool, names: list[str], launcher: str | Non
              repeats: int, threads: int) -> str:  # fmt: skip
     """The start-up lines: what will run, with every option that matters spelt out."""
     variants = ", ".join(f"{n} ({launcher_for(n, launcher)})" for n in names)
-    ranks = f"{nproc} ranks per backend" + (" (single: 1)" if "single" in names else "")
+    ranks = f"{nproc} ranks per backend" + "".join(f" ({n}: 1)" for n in names if n in backends.ONE_PROCESS)
     where = "compare's default; give --workload for a workload's own" if preset else "the workload's defaults"
     steps = "one pass per epoch" if cfg.steps_per_epoch is None else f"--steps-per-epoch {cfg.steps_per_epoch}"
     train = "the rest" if cfg.train_size is None else cfg.train_size

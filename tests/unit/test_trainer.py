@@ -205,6 +205,14 @@ def test_a_failed_run_json_write_keeps_the_old_file_and_no_temp_file(tmp_path) -
 # --- 2 ranks: DDP on a real gloo group ----------------------------------------------------------
 
 
+class BeforeValidation(Trainer):
+    """Keeps each rank's own state as it was just before validation made the buffers equal."""
+
+    def validate(self, epoch: int) -> dict[str, Any]:
+        self.before = {k: v.clone() for k, v in self.raw_model.state_dict().items()}
+        return super().validate(epoch)
+
+
 def _two_ranks(rank: int, port: int, out: Path) -> None:
     """One rank of a 2-rank gloo group: the window combinations, then BatchNorm validation on cnn."""
     torch.set_num_threads(1)
@@ -221,8 +229,10 @@ def _two_ranks(rank: int, port: int, out: Path) -> None:
         for sync in (False, True):
             backend.options = DDPConfig(broadcast_buffers=sync)
             cfg = config(workload="cnn", epochs=1, steps_per_epoch=4, batch_size=8, train_size=128, val_size=50)
-            trainer = fit(backend, cfg, out / f"cnn-sync{sync}" if rank == 0 else None)
-            found[f"cnn-sync{sync}"] = {k: v.clone() for k, v in trainer.raw_model.state_dict().items()}
+            trainer = fit(backend, cfg, out / f"cnn-sync{sync}" if rank == 0 else None, BeforeValidation)
+            assert isinstance(trainer, BeforeValidation)
+            after = {k: v.clone() for k, v in trainer.raw_model.state_dict().items()}
+            found[f"cnn-sync{sync}"] = {"before": trainer.before, "after": after}
     finally:
         backend.shutdown()
     torch.save(found, out / f"rank{rank}.pt")
@@ -258,13 +268,17 @@ def test_two_rank_validation_is_the_averaged_model(two_rank_runs, sync: bool) ->
     """BatchNorm statistics differ per rank; 2-rank validation must equal one process evaluating their mean."""
     out, states = two_rank_runs
     name = f"cnn-sync{sync}"
-    ranks = [states[0][name], states[1][name]]
-    averaged = {k: (ranks[0][k] + ranks[1][k]) / 2 if v.is_floating_point() else v for k, v in ranks[0].items()}
+    before = [states[0][name]["before"], states[1][name]["before"]]
+    ranks = [states[0][name]["after"], states[1][name]["after"]]
+    # The ranks really did hold different statistics, so equal results are not equal by accident.
+    assert not torch.equal(before[0]["1.running_mean"], before[1]["1.running_mean"])
+    averaged = {k: (before[0][k] + before[1][k]) / 2 if v.is_floating_point() else v for k, v in before[0].items()}
     cfg = config(workload="cnn", epochs=1, steps_per_epoch=4, batch_size=8, train_size=128, val_size=50)
     loss = pd.read_csv(out / name / "loss.csv")
     val = loss[loss["split"] == "val"].iloc[-1]
     assert val["samples"] == 50
     assert val["loss"] == pytest.approx(evaluate(cfg, averaged), rel=1e-6)
-    for key, value in ranks[0].items():  # every rank carries on with the model it validated
+    for key, value in ranks[0].items():  # every rank carries on with the model it validated: the mean
         assert torch.equal(value, ranks[1][key]), key
+        assert torch.allclose(value.double(), averaged[key].double(), rtol=1e-6, atol=1e-7), key
     assert json.loads((out / name / "run.json").read_text())["validation_buffers"] == VALIDATION_BUFFERS
