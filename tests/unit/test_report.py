@@ -173,7 +173,7 @@ def test_notebook_executes_against_the_reference_data() -> None:
 def test_report_command_on_the_reference_comparison(tmp_path) -> None:
     from tests.conftest import BIN, run_ok
 
-    proc = run_ok([str(BIN / "distbench"), "report", str(REPO / "results/reference/2026-11-29-cpu-2core"),
+    proc = run_ok([str(BIN / "distbench"), "report", str(REPO / "results/reference/2026-12-01-cpu-2core"),
                    "--out", str(tmp_path), "--format", "html"])  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path)
     assert "samples/s" in proc.stdout and (tmp_path / "report.html").is_file()
