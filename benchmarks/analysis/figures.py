@@ -66,6 +66,10 @@ def loss_curves(rs: RunSet, path: Path) -> Path:
 
 
 def scaling_efficiency(table: pd.DataFrame, path: Path) -> Path:
+    return _save(scaling_figure(table), path)
+
+
+def scaling_figure(table: pd.DataFrame) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for backend, rows in table.dropna(subset=["efficiency"]).groupby("backend", sort=False):
         ax.plot(rows.world_size, rows.efficiency, "o-", label=backend)
@@ -74,7 +78,7 @@ def scaling_efficiency(table: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("world size")
     ax.set_ylabel("scaling efficiency")
     ax.legend()
-    return _save(fig, path)
+    return fig
 
 
 def phases(table: pd.DataFrame, path: Path) -> Path:

@@ -178,3 +178,13 @@ def test_report_command_on_the_reference_comparison(tmp_path) -> None:
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path)
     assert "samples/s" in proc.stdout and (tmp_path / "report.html").is_file()
     assert not (tmp_path / "report.md").exists()
+
+
+def test_scaling_plot_ticks_are_whole_world_sizes() -> None:
+    import pandas as pd
+
+    from benchmarks.analysis import figures
+
+    table = pd.DataFrame({"backend": ["ddp"] * 3, "world_size": [1, 2, 4], "efficiency": [1.0, 0.9, 0.7]})
+    fig = figures.scaling_figure(table)
+    assert list(fig.axes[0].get_xticks()) == [1, 2, 4]  # matplotlib alone would tick 1.0, 1.5, 2.0, …
