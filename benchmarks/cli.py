@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -69,13 +71,17 @@ RANK0_GRACE_S = 10.0
 """How long a rank other than 0 waits before exiting on bad input, so that rank 0 has said it."""
 
 
-def _bad_input(rank: int, message: str) -> int:
+def _bad_input(rank: int, exc: Exception) -> int:
     """Every rank sees the same input, so only rank 0 says what is wrong; every rank exits 2."""
     if rank == 0:
-        _error(message)
+        if not getattr(exc, "said", False):
+            _error(str(exc))
     else:
         # A launcher stops the whole job when the first rank exits: leaving before rank 0 has printed
-        # would lose the only line. Rank 0's exit ends this wait early.
+        # would lose the only line. Rank 0's exit ends this wait early, through the launcher's SIGTERM,
+        # which must then end this rank quietly (no traceback, no failure recorded: nothing ran).
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(EXIT_BAD_INPUT))
         time.sleep(RANK0_GRACE_S)
     return EXIT_BAD_INPUT
 
@@ -89,7 +95,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         validate(args.backend, cfg)
     except InputError as exc:
-        return _bad_input(info.rank, str(exc))
+        return _bad_input(info.rank, exc)
 
     from benchmarks.run import harness  # imports torch: only past the checks that need none
     from benchmarks.run import recorder as results
@@ -103,7 +109,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options = config.from_namespace(backend_cls.options_type, args)
         run_dir = harness.run(args.backend, cfg, options, config.all_options(args), notes)
     except (InputError, launch.WrongLauncherError) as exc:
-        return _bad_input(info.rank, str(exc))
+        return _bad_input(info.rank, exc)
     except results.ResultsWriteError as exc:
         if info.rank == 0:
             _error(exc.strerror)

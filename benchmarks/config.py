@@ -82,6 +82,9 @@ class NoOptions:
 class InputError(ValueError):
     """Bad input caught before any work: one line naming the fix, exit code 2, no result files."""
 
+    said = False
+    """True once rank 0 has printed it (found after start-up, it is said before the backend shuts down)."""
+
 
 def no_timed_steps(cfg: RunConfig, steps_per_epoch: int) -> InputError:
     """Too few steps for any to be timed after warm-up: a summary of nothing (nan) is bad input instead."""

@@ -52,6 +52,10 @@ def new_run_id(backend: str, workload: str, world_size: int) -> str:
     return f"{stamp}-{backend}-{safe}-w{world_size}-{secrets.token_hex(2)}"
 
 
+def existing_run_dir(run_dir: Path) -> str:
+    return f"run directory {run_dir} already exists; choose another --run-id or pass --overwrite"
+
+
 def _open_recorder(backend: Backend, cfg: RunConfig, meta: dict[str, Any]) -> results.Recorder | None:
     """Rank 0 creates the run directory; every rank learns whether that worked, so none hangs."""
     recorder, error = None, None
@@ -62,13 +66,21 @@ def _open_recorder(backend: Backend, cfg: RunConfig, meta: dict[str, Any]) -> re
                 shutil.rmtree(run_dir)
             recorder = results.Recorder(run_dir, meta)
         except FileExistsError:
-            error = f"run directory {run_dir} already exists; choose another --run-id or pass --overwrite"
+            error = existing_run_dir(run_dir)
         except OSError as exc:
             error = f"cannot write to --out {cfg.out} ({exc.strerror}); choose a writable --out"
     error = backend.broadcast_object(error)
     if error:
         raise InputError(error)
     return recorder
+
+
+PEER_LOST = re.compile(
+    r"Connection reset|Connection closed|Broken pipe|timed? ?out|Timeout|HorovodInternalError|peer|SIGTERM",
+    re.IGNORECASE,
+)
+"""What rank 0 sees when another rank was killed or hung: a collective's error (gloo, Horovod), its own
+watchdog, or the launcher's SIGTERM sent because a rank exited."""
 
 
 class RunFailed(RuntimeError):
@@ -160,6 +172,9 @@ def run(
     launch.check_supported(backend_name, backend_cls.launchers, info)
     workload = load_checked_workload(cfg, info.world_size)
     backend_cls.check_available()
+    if cfg.run_id and not cfg.overwrite and (Path(cfg.out) / cfg.run_id).exists():
+        # Caught here, before any rank joins a job, rather than only by rank 0 after start-up.
+        raise InputError(existing_run_dir(Path(cfg.out) / cfg.run_id))
     fault = faults.Fault.parse(cfg.inject_fault) if cfg.inject_fault else None
     threads = cfg.threads or default_threads(info.local_world_size)
     torch.set_num_threads(threads)
@@ -174,7 +189,12 @@ def run(
     def record_failure(error: str) -> None:
         if recorder is not None and recorder.meta["status"] == "running":
             notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != backend.rank]
-            root = notes[0] if notes else {"rank": backend.rank, "error": error}
+            if notes:
+                root = notes[0]
+            elif PEER_LOST.search(error):  # a rank killed or hung leaves no note: rank 0 only saw it go
+                root = {"rank": None, "error": f"another rank died or stopped answering (rank 0 saw: {error})"}
+            else:
+                root = {"rank": backend.rank, "error": error}
             recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
                             rank0_error=error)  # fmt: skip
         elif run_dir is not None and backend.rank != 0:
@@ -186,7 +206,7 @@ def run(
         """Record the failure; rank 0 says it once, naming the root cause's rank and the run directory."""
         record_failure(error)
         meta = recorder.meta if recorder is not None else {"error": error}
-        rank = f" on rank {meta['failed_rank']}" if "failed_rank" in meta else ""
+        rank = f" on rank {meta['failed_rank']}" if meta.get("failed_rank") is not None else ""
         where = f"; details in {recorder.run_dir / 'run.json'}" if recorder is not None else ""
         message = f"run failed{rank}: {meta['error']}{where}"
         if backend.rank == 0 and said.acquire(blocking=False):
@@ -206,7 +226,6 @@ def run(
     watchdog.beat()
     try:
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
-        run_dir = Path(cfg.out) / run_id
         hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
         meta = {
             "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
@@ -223,6 +242,7 @@ def run(
             "host": socket.gethostname(), "pid": os.getpid(),
         }  # fmt: skip
         recorder = _open_recorder(backend, cfg, meta)
+        run_dir = Path(cfg.out) / run_id  # this job's from here on: failure notes may go into it
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         if recorder is not None:
             recorder.meta["knobs"] = backend.describe()
@@ -236,7 +256,11 @@ def run(
         return None
     except BaseException as exc:
         if isinstance(exc, (InputError, results.ResultsWriteError)) or not isinstance(exc, Exception):
-            if not isinstance(exc, InputError):
+            if isinstance(exc, InputError):
+                if backend.rank == 0:  # said now: shutting the backend down may wait on the other ranks
+                    print(f"distbench: error: {exc}", file=sys.stderr, flush=True)
+                exc.said = True
+            else:
                 record_failure(_describe(exc))
             raise  # bad input and a full disk have their own one line; SystemExit keeps its code
         raise RunFailed(fail(_describe(exc))) from exc

@@ -36,6 +36,7 @@ def _our_lines(output: str) -> list[str]:
 def _no_rank_traceback(output: str) -> None:
     """A launcher may print a traceback of its own; none may come from a rank running distbench."""
     assert f'File "{REPO / "benchmarks"}' not in output and f'File "{REPO / "backends"}' not in output, output
+    assert not re.search(r"\[rank\d+\]:\s*Traceback|Terminated: terminated by SIGTERM", output), output
 
 
 @pytest.mark.timeout(150)
@@ -77,3 +78,22 @@ def test_ddp_without_a_launcher_says_it_runs_one_rank(tmp_path) -> None:
     assert json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "run.json").read_text())["world_size"] == 1
     proc = run_cmd([*CLI, "run", "--backend", "single", *TINY, "--out", str(tmp_path)], timeout=100)
     assert proc.returncode == 0 and notice not in proc.stderr
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_an_existing_run_directory_is_refused_and_left_alone(tmp_path, launcher: str, horovod_available) -> None:
+    """Refused before any rank joins a job: Horovod used to hang here, and notes landed in the old run."""
+    prefix, backend, code = LAUNCHERS[launcher]
+    existing = tmp_path / "dup"
+    existing.mkdir()
+    (existing / "run.json").write_text('{"keep": true}')
+    proc = run_cmd([*prefix(), "run", "--backend", backend, *TINY, "--out", str(tmp_path), "--run-id", "dup"],
+                   timeout=130)  # fmt: skip
+    output = proc.stdout + proc.stderr
+    lines = _our_lines(output)
+    assert len(lines) == 1 and "already exists; choose another --run-id or pass --overwrite" in lines[0], output
+    assert proc.returncode == code, output
+    _no_rank_traceback(output)
+    assert sorted(p.name for p in existing.iterdir()) == ["run.json"]
+    assert (existing / "run.json").read_text() == '{"keep": true}'

@@ -60,6 +60,19 @@ def test_a_fault_on_a_rank_names_that_rank_and_its_error(tmp_path) -> None:
     assert meta["failed_rank"] == 1 and "injected exception at step 3 on rank 1" in meta["error"]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["torchrun-ddp", "mpirun-ddp"])
+def test_a_killed_rank_is_not_blamed_on_rank_0(tmp_path, launcher: str) -> None:
+    prefix, backend = LAUNCHERS[launcher]
+    cmd = [*prefix(), "run", "--backend", backend, *FAULTY, "--out", str(tmp_path), "--run-id", "r",
+           "--inject-fault", "sigkill@4:1"]  # fmt: skip
+    proc = run_cmd(cmd, timeout=100)
+    meta = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["failed_rank"] is None, meta
+    assert meta["error"].startswith("another rank died or stopped answering"), meta["error"]
+    assert "run failed on rank 0" not in proc.stderr
+
+
 @pytest.mark.timeout(200)
 def test_compare_marks_a_run_whose_rank_0_was_killed(tmp_path) -> None:
     """SIGKILL on rank 0 leaves nobody to write run.json: compare records the failure."""
