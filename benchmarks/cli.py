@@ -140,16 +140,25 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         compare.check_launchers(names, args.launcher)
         from benchmarks.run import harness  # imports torch: only past the checks that need none
 
-        for world_size in {1 if name in backends.ONE_PROCESS else args.nproc for name in names}:
-            harness.load_checked_workload(cfg, world_size)
+        for name in names:
+            if name in backends.ONE_PROCESS:
+                harness.load_checked_workload(compare.one_process(cfg, args.nproc), 1)
+            else:
+                harness.load_checked_workload(cfg, args.nproc)
         root = compare.make_compare_dir(Path(cfg.out), cfg.run_id)
     except InputError as exc:
         print(f"distbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
     # --out and --run-id are compare's own: each run gets <out>/<compare-id>/<backend>-r<N>.
-    common = config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None))
-    # Each backend gets only its own knobs, so no run warns about another backend's.
-    run_argv = {n: [*common, *config.to_argv(config.from_namespace(backends.get(n).options_type, args))] for n in names}
+    def own_argv(name: str) -> list[str]:
+        # A one-process backend gets the whole global batch, so every backend trains on the same samples.
+        mine = compare.one_process(cfg, args.nproc) if name in backends.ONE_PROCESS else cfg
+        # Each backend gets only its own knobs, so no run warns about another backend's.
+        knobs = config.from_namespace(backends.get(name).options_type, args)
+        return [*config.to_argv(dataclasses.replace(mine, out=RunConfig.out, run_id=None)), *config.to_argv(knobs)]
+
+    run_argv = {name: own_argv(name) for name in names}
     threads = cfg.threads or harness.default_threads(args.nproc)
     print(compare.describe(cfg, preset, names, args.launcher, args.nproc, args.repeats, threads), file=sys.stderr)
     return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, root, threads, started)

@@ -92,6 +92,12 @@ def effective_config(args: argparse.Namespace) -> tuple[RunConfig, bool]:
     return workloads.resolve(cfg), preset
 
 
+def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
+    """The options of a one-process backend in a compare of `nproc` ranks: the same global batch."""
+    assert cfg.batch_size is not None
+    return dataclasses.replace(cfg, batch_size=cfg.batch_size * nproc)
+
+
 def launcher_for(backend: str, launcher: str | None) -> str:
     """The launcher a backend's runs start under: a one-process backend always under python."""
     return launch.PYTHON if backend in backends.ONE_PROCESS else launcher or DEFAULT_LAUNCHER[backend]
@@ -116,7 +122,8 @@ def describe(cfg: RunConfig, preset: bool, names: list[str], launcher: str | Non
              repeats: int, threads: int) -> str:  # fmt: skip
     """The start-up lines: what will run, with every option that matters spelt out."""
     variants = ", ".join(f"{n} ({launcher_for(n, launcher)})" for n in names)
-    ranks = f"{nproc} ranks per backend" + "".join(f" ({n}: 1)" for n in names if n in backends.ONE_PROCESS)
+    single = [f"{n}: 1 rank of batch {cfg.batch_size * nproc}" for n in names if n in backends.ONE_PROCESS]
+    ranks = f"{nproc} ranks per backend" + (f" ({', '.join(single)})" if single else "")
     where = "compare's default; give --workload for a workload's own" if preset else "the workload's defaults"
     steps = "one pass per epoch" if cfg.steps_per_epoch is None else f"--steps-per-epoch {cfg.steps_per_epoch}"
     train = "the rest" if cfg.train_size is None else cfg.train_size

@@ -92,3 +92,18 @@ def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None
     assert "samples/s" in proc.stdout
     agreement = re.search(r"max abs difference between backends: train (\S+),", proc.stdout)
     assert agreement is not None and float(agreement.group(1)) < 1e-5, proc.stdout
+
+
+@pytest.mark.timeout(200)
+def test_single_in_a_compare_trains_on_the_same_global_batch(tmp_path) -> None:
+    """`single` runs one rank of the whole global batch, so its loss curve is the distributed one."""
+    cmd = [*COMPARE, "--backends", "ddp,single", "--repeats", "1", "--workload", "mlp", "--epochs", "1",
+           "--steps-per-epoch", "8", "--warmup-steps", "1", "--out", str(tmp_path), "--run-id", "cmp"]  # fmt: skip
+    run_ok(cmd, timeout=180)
+    ddp, single = meta_of(tmp_path / "cmp" / "ddp-r0"), meta_of(tmp_path / "cmp" / "single-r0")
+    assert (single["world_size"], single["config"]["batch_size"]) == (1, 2 * ddp["config"]["batch_size"])
+    assert single["global_batch"] == ddp["global_batch"]
+    curves = [pd.read_csv(tmp_path / "cmp" / f"{b}-r0" / "loss.csv").query("split == 'train'")["loss"] for b in
+              ("ddp", "single")]  # fmt: skip
+    assert len(curves[0]) == len(curves[1]) == 8
+    assert abs(curves[0].to_numpy() - curves[1].to_numpy()).max() < 1e-5
