@@ -159,8 +159,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return [*config.to_argv(dataclasses.replace(mine, out=RunConfig.out, run_id=None)), *config.to_argv(knobs)]
 
     run_argv = {name: own_argv(name) for name in names}
+    knobs = {n: config.to_argv(config.from_namespace(backends.get(n).options_type, args)) for n in names}
     threads = cfg.threads or harness.default_threads(args.nproc)
-    print(compare.describe(cfg, preset, names, args.launcher, args.nproc, args.repeats, threads), file=sys.stderr)
+    plan = compare.describe(cfg, preset, names, args.launcher, args.nproc, args.repeats, threads, knobs)
+    print(plan, file=sys.stderr)
     return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, root, threads, started)
 
 

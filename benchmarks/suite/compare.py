@@ -119,12 +119,14 @@ def check_launchers(names: list[str], launcher: str | None) -> None:
 
 
 def describe(cfg: RunConfig, preset: bool, names: list[str], launcher: str | None, nproc: int,
-             repeats: int, threads: int) -> str:  # fmt: skip
-    """The start-up lines: what will run, with every option that matters spelt out."""
+             repeats: int, threads: int, knobs: dict[str, list[str]] | None = None) -> str:  # fmt: skip
+    """The start-up lines: what will run, with every option that matters spelt out (`knobs`: each
+    backend's own options that differ from their defaults)."""
     variants = ", ".join(f"{n} ({launcher_for(n, launcher)})" for n in names)
     single = [f"{n}: 1 rank of batch {cfg.batch_size * nproc}" for n in names if n in backends.ONE_PROCESS]
     ranks = f"{nproc} ranks per backend" + (f" ({', '.join(single)})" if single else "")
     where = "compare's default; give --workload for a workload's own" if preset else "the workload's defaults"
+    where += " and the options given" if not preset else ""
     steps = "one pass per epoch" if cfg.steps_per_epoch is None else f"--steps-per-epoch {cfg.steps_per_epoch}"
     train = "the rest" if cfg.train_size is None else cfg.train_size
     shown = ("workload", "epochs", "steps_per_epoch", "warmup_steps", "batch_size", "lr", "train_size", "val_size")
@@ -136,6 +138,7 @@ def describe(cfg: RunConfig, preset: bool, names: list[str], launcher: str | Non
         f"  {cfg.workload} ({where}): --epochs {cfg.epochs}, {steps}, --warmup-steps {cfg.warmup_steps}, "
         f"--batch-size {cfg.batch_size} per rank, --lr {cfg.lr}, --train-size {train}, --val-size {cfg.val_size}"
         + (f"; also {' '.join(others)}" if others else "")
+        + "".join(f"\n  {name} only: {' '.join(argv)}" for name, argv in (knobs or {}).items() if argv)
     )
 
 
