@@ -8,6 +8,7 @@ so validation is compared too, and the recorded knob that explains a difference 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -27,12 +28,21 @@ class Agreement:
     """Max abs difference of the validation losses at the same step; NaN when none were recorded."""
     explanation: str = ""
     """The recorded knob that explains a difference, or that none does."""
+    per_setup: dict[str, Agreement] = dataclasses.field(default_factory=dict)
+    """Per workload and global batch ("cifar10 · global batch 64"), where backends were compared in
+    several; the fields above are then the worst over them and the first explanation."""
 
     def lines(self) -> list[str]:
+        if len(self.per_setup) > 1:
+            return [line for setup, one in self.per_setup.items() for line in one._lines(f" ({setup})")]
+        return self._lines("")
+
+    def _lines(self, where: str) -> list[str]:
         def text(value: float) -> str:
             return "not recorded" if math.isnan(value) else f"{value:.2e}"
 
-        out = [f"loss, max abs difference between backends: train {text(self.train)}, validation {text(self.val)}"]
+        out = [f"loss, max abs difference between backends{where}: train {text(self.train)}, "
+               f"validation {text(self.val)}"]  # fmt: skip
         return out + ([f"  {self.explanation}"] if self.explanation else [])
 
     def __float__(self) -> float:
@@ -71,7 +81,7 @@ def loss_agreement(rs: RunSet) -> Agreement:
         return Agreement()
     result = Agreement()
     keys = [c for c in GROUP if c in loss]
-    for _, group in loss.groupby(keys, sort=False, dropna=False) if keys else [(None, loss)]:
+    for values, group in loss.groupby(keys, sort=False, dropna=False) if keys else [((), loss)]:
         firsts = list(group.groupby("backend", sort=False, observed=True)["run_key"].min())
         if len(firsts) < 2:
             continue
@@ -80,9 +90,20 @@ def loss_agreement(rs: RunSet) -> Agreement:
             rows = group[group.split == split]
             worst.append(_worst([rows[rows.run_key == key].set_index("step")["loss"] for key in firsts]))
         train, val = worst
+        differs = [name for name, v in (("train losses", train), ("validation losses", val)) if v > TOLERANCE]
+        one = Agreement(train, val, _explain(rs, firsts, " and ".join(differs)) if differs else "")
+        result.per_setup[setup_words(dict(zip(keys, values, strict=True)))] = one
         result.train = train if math.isnan(result.train) else max(result.train, train)
         result.val = val if math.isnan(result.val) else max(result.val, val)
-        differs = [name for name, v in (("train losses", train), ("validation losses", val)) if v > TOLERANCE]
-        if differs and not result.explanation:
-            result.explanation = _explain(rs, firsts, " and ".join(differs))
+        result.explanation = result.explanation or one.explanation
     return result
+
+
+def setup_words(setup: dict) -> str:
+    """ "synthetic · global batch 20 · 2 rank(s)": a setup as the report's tables head it."""
+    words = {"workload": "{}", "global_batch": "global batch {}", "world_size": "{} rank(s)"}
+    return " · ".join(words[k].format(_plain(v)) for k, v in setup.items() if k in words)
+
+
+def _plain(value: object) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)

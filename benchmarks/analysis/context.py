@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from benchmarks.analysis.load import RunSet
+from benchmarks.analysis.tables import seconds
 
 BACKEND_FACTS = {
     "launcher": "launcher", "launcher_detail": "launcher detail", "knob_controller": "controller",
@@ -17,10 +18,19 @@ BACKEND_FACTS = {
 }  # fmt: skip
 
 
+def _text(value: object) -> str:
+    """A recorded value as written: integers as integers (a column with a missing value holds floats, so
+    2048 would read 2048.0), other numbers to 6 significant digits, '—' for not recorded."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "—"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:.6g}"
+    return str(value)
+
+
 def _values(series: pd.Series) -> str:
     """The distinct values of a column, '—' for not recorded (older runs, or not this backend's)."""
-    seen = dict.fromkeys("—" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in series)
-    return ", ".join(seen)
+    return ", ".join(dict.fromkeys(_text(v) for v in series))
 
 
 def _all_runs(rs: RunSet) -> pd.DataFrame:
@@ -29,7 +39,7 @@ def _all_runs(rs: RunSet) -> pd.DataFrame:
 
 def setup_table(rs: RunSet, per_run: pd.DataFrame) -> pd.DataFrame:
     """One row per workload, global batch and world size: the size of what was measured."""
-    runs = _all_runs(rs).merge(per_run[["run_key", "timed_steps"]], on="run_key", how="left")
+    runs = _all_runs(rs).drop(columns="backend").merge(per_run[["run_key", "backend", "timed_steps"]], on="run_key")
     keys = ["workload", "global_batch", "world_size"]
     rows = []
     for setup, group in runs.groupby(keys, sort=False, dropna=False):
@@ -40,7 +50,8 @@ def setup_table(rs: RunSet, per_run: pd.DataFrame) -> pd.DataFrame:
             "batch per rank": _values(get("config_batch_size", pd.Series([None]))),
             "accumulate": _values(get("config_accumulate", pd.Series([None]))),
             "timed steps per run": _values(group["timed_steps"].dropna().astype(int)) or "—",
-            "timed window per run (s)": _values(group["timed_wall_s"].dropna().round(2)) or "—",
+            "timed window per run (s)": ", ".join(dict.fromkeys(map(seconds, group["timed_wall_s"].dropna())))
+            or "—",
             "warm-up steps": _values(get("config_warmup_steps", pd.Series([None]))),
             "validation buffers": _values(get("validation_buffers", pd.Series([None]))),
             "runs": ", ".join(f"{b} ×{n}" for b, n in group.backend.value_counts(sort=False).items()),
@@ -79,8 +90,8 @@ def headline(rs: RunSet, per_run: pd.DataFrame) -> str:
     for row in setup_table(rs, per_run).to_dict("records"):
         params = f" ({row['parameters']} parameters)" if row["parameters"] != "—" else ""
         parts.append(
-            f"{row['workload']}{params}, global batch {row['global_batch']} ({row['batch per rank']} per rank"
-            f" × accumulate {row['accumulate']}), {row['world_size']} rank(s), {row['timed steps per run']} "
+            f"{row['workload']}{params}, global batch {_text(row['global_batch'])} ({row['batch per rank']} per "
+            f"rank × accumulate {row['accumulate']}), {_text(row['world_size'])} rank(s), {row['timed steps per run']} "
             f"timed steps per run: {row['runs']}"
         )
     return "compared: " + "; ".join(parts)

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.analysis.load import RunSet  # noqa: E402
-from benchmarks.analysis.tables import setup_label  # noqa: E402
+from benchmarks.analysis.tables import completed, setup_label  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -21,8 +21,11 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def throughput(table: pd.DataFrame, path: Path) -> Path:
+def throughput(table: pd.DataFrame, path: Path) -> Path | None:
+    """Bars of the backends with completed runs; None (no figure) when none completed."""
     ok = table[table.runs_ok > 0]
+    if not len(ok) or "samples_per_s" not in ok:
+        return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
     # No error bar where there is no interval (< 3 runs): a zero-length bar would claim certainty.
     err = [(ok.samples_per_s - ok.ci_low).fillna(0), (ok.ci_high - ok.samples_per_s).fillna(0)]
@@ -38,9 +41,13 @@ def throughput(table: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
-def step_times(rs: RunSet, path: Path) -> Path:
-    timed = rs.timing[~rs.timing["warmup"].astype(bool)]
-    timed = timed.assign(backend=setup_label(timed))
+def step_times(rs: RunSet, path: Path, backends: dict[str, str] | None = None) -> Path | None:
+    """Completed runs' timed steps per backend (`backends` as in `setup_label`); None when there are none."""
+    timed = completed(rs.timing)
+    timed = timed[~timed["warmup"].astype(bool)] if len(timed) else timed
+    if not len(timed):
+        return None
+    timed = timed.assign(backend=setup_label(timed, backends))
     slowest = timed.groupby(["backend", "run_key", "step"], sort=False, observed=True)["step_s"].max().reset_index()
     names = list(dict.fromkeys(slowest.backend))
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -51,9 +58,13 @@ def step_times(rs: RunSet, path: Path) -> Path:
     return _save(fig, path)
 
 
-def loss_curves(rs: RunSet, path: Path) -> Path:
+def loss_curves(rs: RunSet, path: Path, backends: dict[str, str] | None = None) -> Path | None:
+    """The first completed run of each backend; None when no completed run recorded a loss."""
+    loss = completed(rs.loss)
+    if not len(loss):
+        return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, (backend, rows) in enumerate(rs.loss.groupby(setup_label(rs.loss), sort=False)):
+    for i, (backend, rows) in enumerate(loss.groupby(setup_label(loss, backends), sort=False)):
         first = rows[rows.run_key == rows.run_key.min()]
         train, val = first[first.split == "train"], first[first.split == "val"]
         ax.plot(train.step, train.loss, color=f"C{i}", alpha=0.8, label=f"{backend} train")
@@ -81,7 +92,9 @@ def scaling_figure(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def phases(table: pd.DataFrame, path: Path) -> Path:
+def phases(table: pd.DataFrame, path: Path) -> Path | None:
+    if not len(table):
+        return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
     bottom = pd.Series(0.0, index=table.index)
     for column in ("data_s", "forward_s", "backward_s", "optimizer_s"):

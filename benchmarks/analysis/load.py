@@ -27,6 +27,11 @@ RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "globa
 EXTRA_COLUMNS = ("launcher_detail", "local_world_size", "train_size", "val_size", "model_parameters",
                  "validation_buffers", "omp_num_threads_env", "timed_wall_s", "error", "failed_rank")  # fmt: skip
 JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
+DIED = "status running but its process is gone (the job died)"
+NUMERIC = {
+    results.TIMING_CSV: ("world_size", "rank", "epoch", "step", "samples", *check.SECONDS),
+    results.LOSS_CSV: ("world_size", "epoch", "step", "loss", "accuracy", "samples"),
+}
 CONFIG_SKIPPED = ("out", "run_id", "quiet")  # where a run was written says nothing about what it measured
 
 
@@ -92,6 +97,17 @@ def _compare_order(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.iloc[order.argsort(kind="stable")].reset_index(drop=True)
 
 
+def _numbers(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """Numeric contract columns as numbers: a run taken in with --include-failed may hold a torn or
+    unparsable value, which would make the whole column text once frames are joined."""
+    numeric = NUMERIC.get(name, ())
+    bad = [c for c in numeric if c in frame and not pd.api.types.is_numeric_dtype(frame[c])]
+    fixed = {c: pd.to_numeric(frame[c], errors="coerce") for c in bad}
+    if "warmup" in frame and not pd.api.types.is_bool_dtype(frame["warmup"]):
+        fixed["warmup"] = frame["warmup"].astype(str) == "True"
+    return frame.assign(**fixed) if fixed else frame
+
+
 def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
     """Load runs into tidy frames; timing and loss rows carry their run's metadata.
 
@@ -106,14 +122,18 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
         meta, problems = check.meta_problems(run_dir)  # the one reader of run.json
         if meta is None or meta.get("schema_version") not in results.KNOWN_SCHEMAS:
             raise SchemaError(f"{'; '.join(map(str, problems))}; upgrade distbench to read it")
-        meta["status"] = results.effective_status(meta)
+        if results.effective_status(meta) != meta.get("status"):  # left `running` by a process that is gone
+            meta.update(status="failed", error=meta.get("error") or DIED)
         frames = check.read_frames(run_dir)
         problems += check.check_frames(run_dir, meta, frames)
         row = run_row(run_dir, meta)
         if not include_failed and (meta["status"] != "completed" or problems):
-            why = f"status {meta['status']}" if meta["status"] != "completed" else f"{len(problems)} check problems"
-            if meta.get("error"):
-                why += f": {meta['error']}"
+            if meta.get("error") == DIED:
+                why = DIED
+            elif meta["status"] != "completed":
+                why = f"status {meta['status']}" + (f": {meta['error']}" if meta.get("error") else "")
+            else:
+                why = f"{len(problems)} check problem{'s' * (len(problems) != 1)}, the first: {problems[0]}"
             skipped.append(f"{run_dir}: {why}")
             left_out.append({**row, "status": meta["status"] if meta["status"] != "completed" else "check problems",
                              "error": meta.get("error") or (str(problems[0]) if problems else None)})  # fmt: skip
@@ -121,8 +141,8 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
         metas.append(row)
         for name, sink in ((results.TIMING_CSV, timings), (results.LOSS_CSV, losses)):
             frame_, _ = frames[name]
-            if frame_ is not None and len(frame_.columns) and "run_id" in frame_:
-                sink.append((row["run_key"], frame_))
+            if frame_ is not None and len(frame_) and "run_id" in frame_:  # a run that died early has no rows
+                sink.append((row["run_key"], _numbers(frame_, name)))
     if not metas:
         raise FileNotFoundError(f"no usable runs under {', '.join(map(str, paths))}: {'; '.join(skipped)}")
     runs = _compare_order(pd.DataFrame(metas))

@@ -39,16 +39,17 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
     table = tables.backend_table(per_run)
     summary = context.headline(rs, per_run) + "\n" + tables.format_table(table, tables.loss_agreement(rs))
     scale = tables.scaling(per_run)
-    images = [figures.throughput(table, out / "throughput.png")]
-    if len(rs.timing):
-        images += [
-            figures.step_times(rs, out / "step_times.png"),
-            figures.phases(tables.phase_breakdown(rs), out / "phases.png"),
-        ]
-    if len(rs.loss):
-        images.append(figures.loss_curves(rs, out / "loss_curves.png"))
+    names = dict(zip(per_run.run_key.astype(str), per_run.backend.astype(str), strict=True))  # launchers split
+    # Plots of what completed: each is None when nothing it would show did.
+    images = [
+        figures.throughput(table, out / "throughput.png"),
+        figures.step_times(rs, out / "step_times.png", names),
+        figures.phases(tables.phase_breakdown(rs, names), out / "phases.png"),
+        figures.loss_curves(rs, out / "loss_curves.png", names),
+    ]
     if ((scale.world_size > 1) & scale.efficiency.notna()).any():  # a curve, not a lone 1-rank point
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
+    images = [image for image in images if image is not None]
     sections = {
         "What was compared": context.setup_table(rs, per_run),
         "Backends: launch, threads, versions": context.backend_facts(rs),

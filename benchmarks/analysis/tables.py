@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import stats
-from benchmarks.analysis.agreement import Agreement, loss_agreement
+from benchmarks.analysis.agreement import Agreement, loss_agreement, setup_words
 from benchmarks.analysis.load import RunSet
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
@@ -22,6 +22,7 @@ __all__ = [
 SETUP = ("workload", "global_batch", "world_size")
 MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
+LAUNCH = ("launcher", "controller")
 NO_LOSS = {"final_train_loss": np.nan, "final_val_loss": np.nan, "final_val_accuracy": np.nan}
 
 
@@ -31,8 +32,47 @@ def run_warning(timed_steps: float, window_s: float) -> str:
     if pd.notna(timed_steps) and timed_steps < MIN_TIMED_STEPS:
         short.append(f"{int(timed_steps)} timed steps (< {MIN_TIMED_STEPS})")
     if pd.notna(window_s) and window_s < MIN_WINDOW_S:
-        short.append(f"timed window {window_s:.2g} s (< {MIN_WINDOW_S:g} s)")
+        short.append(f"timed window {seconds(window_s, below=MIN_WINDOW_S)} s (< {MIN_WINDOW_S:g} s)")
     return "; ".join(short)
+
+
+def seconds(value: float, below: float | None = None) -> str:
+    """Seconds to 3 significant digits (0.00312, 1.95, 12.3), with more where fewer would print a value
+    under `below` as `below` itself ("1.9996 s (< 2 s)", never "2 s (< 2 s)")."""
+    for digits in range(3, 10):
+        text = f"{value:.{digits}g}"
+        if below is None or float(text) < below:
+            return text
+    return text
+
+
+def _launch(run: dict) -> tuple[str, str]:
+    """The run's launcher and, for Horovod, its controller (gloo or mpi): what a backend's runs must share
+    to be pooled into one interval."""
+    controller = run.get("knob_controller")
+    if not isinstance(controller, str) and run.get("backend") == "horovod":
+        controller = run.get("launcher_detail")  # older runs without the knob
+    launcher, controller = run.get("launcher"), controller if isinstance(controller, str) else ""
+    return (launcher if isinstance(launcher, str) else ""), controller
+
+
+def _split_launchers(rows: pd.DataFrame) -> pd.Series:
+    """`backend`, or `backend (launcher)` / `backend (controller)` where a backend's runs in one setup
+    come from several launchers, so an interval never pools them."""
+    label = rows["backend"].astype(str)
+    for _, group in setups(rows):
+        for backend, mine in group.groupby("backend", sort=False):
+            launcher, controller = mine["launcher"].fillna(""), mine["controller"].fillna("")
+            keys = launcher + "\0" + controller
+            if keys.nunique() < 2:
+                continue
+            names = launcher + " " + controller  # what tells the launches apart, the controller first
+            for field in (controller, launcher):
+                if field.nunique() == keys.nunique():
+                    names = field
+                    break
+            label[mine.index] = f"{backend} (" + names.str.strip() + ")"
+    return label
 
 
 def per_run_stats(rs: RunSet) -> pd.DataFrame:
@@ -62,7 +102,8 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
         key, wall = run["run_key"], run.get("timed_wall_s")
         has_q, n_steps = key in q.index, steps.get(key, np.nan)
         rows.append({
-            **{c: run.get(c) for c in ("run_key", "run_id", "backend", *SETUP, "status")},
+            **{c: run.get(c) for c in ("run_key", "run_id", "backend")}, **dict(zip(LAUNCH, _launch(run), strict=True)),
+            **{c: run.get(c) for c in (*SETUP, "status")},
             "timed_steps": n_steps, "timed_wall_s": wall,
             "samples_per_s": samples.get(key, np.nan) / wall if wall and wall > 0 else np.nan,
             "step_p50_s": q.loc[key, 0.5] if has_q else np.nan, "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
@@ -71,8 +112,13 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
             "warning": run_warning(n_steps, wall if wall is not None else np.nan), "error": run.get("error"),
         })  # fmt: skip
     for run in rs.left_out.to_dict("records"):
-        rows.append({**{c: run.get(c) for c in ("run_key", "run_id", "backend", *SETUP, "status", "error")}})
-    return pd.DataFrame(rows)
+        launch = dict(zip(LAUNCH, _launch(run), strict=True))
+        rows.append({**{c: run.get(c) for c in ("run_key", "run_id", "backend")}, **launch,
+                     **{c: run.get(c) for c in (*SETUP, "status", "error")}})  # fmt: skip
+    per_run = pd.DataFrame(rows)
+    if len(per_run):
+        per_run["backend"] = _split_launchers(per_run)
+    return per_run
 
 
 def _final_losses(loss: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -89,24 +135,34 @@ def _final_losses(loss: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
-def setup_label(rows: pd.DataFrame) -> pd.Series:
+def setup_label(rows: pd.DataFrame, backends: dict[str, str] | None = None) -> pd.Series:
     """Backend name, plus workload and world size where the rows span several, so that figures never
-    pool different setups into one bar or curve."""
+    pool different setups into one bar or curve. `backends` maps run_key to the backend's name in the
+    tables (`per_run_stats`'s `backend`, which names the launcher where a backend had several)."""
     label = rows["backend"].astype(str)
+    if backends:
+        label = rows["run_key"].astype(str).map(backends).fillna(label).astype(str)
     for column, fmt in (("workload", " {}"), ("world_size", " w{}")):
         if column in rows and rows[column].nunique() > 1:
             label = label + rows[column].map(lambda v, f=fmt: f.format(v))
     return label
 
 
-def phase_breakdown(rs: RunSet) -> pd.DataFrame:
-    """Mean seconds per timed step in each phase, per backend (per backend and setup when runs differ)."""
+def phase_breakdown(rs: RunSet, backends: dict[str, str] | None = None) -> pd.DataFrame:
+    """Mean seconds per timed step in each phase, per backend (per backend and setup when runs differ),
+    over completed runs. `backends` as in `setup_label`."""
     phases = ["data_s", "forward_s", "backward_s", "optimizer_s"]
-    if not len(rs.timing):
+    timed = completed(rs.timing)
+    timed = timed[~timed["warmup"].astype(bool)] if len(timed) else timed
+    if not len(timed):
         return pd.DataFrame(columns=["backend", *phases])
-    timed = rs.timing[~rs.timing["warmup"].astype(bool)]
-    by = setup_label(timed).rename("backend")
+    by = setup_label(timed, backends).rename("backend")
     return timed[phases].groupby(by, sort=False).mean().reset_index()
+
+
+def completed(rows: pd.DataFrame) -> pd.DataFrame:
+    """The timing or loss rows of completed runs (`--include-failed` also loads the others)."""
+    return rows[rows["status"] == "completed"] if len(rows) and "status" in rows else rows
 
 
 def setups(per_run: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
@@ -172,12 +228,21 @@ def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
     """Speed-up and efficiency of each backend against its own 1-rank runs, per world size.
 
     `single` is its own backend, so it is its own row, never a baseline for the others; a backend
-    without 1-rank runs gets no speed-up (`note` says so). Empty unless runs span world sizes.
+    without 1-rank runs gets no speed-up (`note` says so). A backend run under several launchers gets
+    a row per launcher, each against its own 1-rank runs. Empty (no rows, no note) unless some backend
+    has completed runs of one workload at two or more world sizes.
     """
     columns = ["workload", "backend", "world_size", "runs", "samples_per_s", "speedup", "speedup_low",
                "speedup_high", "efficiency", "note"]  # fmt: skip
     ok = per_run[per_run.status == "completed"]
-    if ok.world_size.nunique() < 2:
+    if not len(ok):
+        return pd.DataFrame(columns=columns)
+    # per_run names a launcher per setup; across world sizes a backend's launchers are told apart again.
+    name = ok["backend"].astype(str).str.split(" (", n=1, regex=False).str[0]
+    if all(c in ok for c in LAUNCH):
+        name = _split_launchers(ok.assign(backend=name, global_batch=0, world_size=0))
+    ok = ok.assign(backend=name)
+    if ok.groupby(["workload", "backend"], dropna=False)["world_size"].nunique().max() < 2:
         return pd.DataFrame(columns=columns)
     rows = []
     for (workload, backend), mine in ok.groupby(["workload", "backend"], sort=False, dropna=False):
@@ -208,38 +273,41 @@ def _interval(value: float, lo: float, hi: float, n: int | None, base: bool = Fa
 
 def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
     """The terminal table `compare` and `report` print: one block per setup, then what to read into it."""
+    width = max([10, *(len(str(b)) for b in table.get("backend", []))])  # `ddp (torchrun)` is longer than 10
     header = (
-        f"{'backend':<10} {'ok/fail':>7} {'samples/s (95% CI)':>26} {'ratio (95% CI)':>24} "
+        f"{'backend':<{width}} {'ok/fail':>7} {'samples/s (95% CI)':>26} {'ratio (95% CI)':>24} "
         f"{'p50 step':>9} {'p99 step':>9} {'train loss':>10} {'val loss':>9}"
     )
     lines, verdicts, warnings = [], [], []
-    for setup, group in setups(table):
+    blocks = setups(table)
+    for setup, group in blocks:
         if setup:
-            words = {"workload": "{}", "global_batch": "global batch {}", "world_size": "{} rank(s)"}
-            lines.append(" · ".join(words[k].format(_plain(v)) for k, v in setup.items()))
+            lines.append(setup_words(setup))
+        where = f"{setup_words(setup)}: " if len(blocks) > 1 else ""  # which block a line below is about
         lines.append(header)
         base = None
         for row in group.to_dict("records"):
             okfail = f"{row['runs_ok']}/{row['runs_failed']}"
             if not row["runs_ok"]:
                 where = row.get("error") if isinstance(row.get("error"), str) else "see the run's run.json"
-                lines.append(f"{row['backend']:<10} {okfail:>7}   FAILED: {where}")
+                lines.append(f"{row['backend']:<{width}} {okfail:>7}   FAILED: {where}")
                 continue
             is_base = base is None
             base = base or row["backend"]
             sps = _interval(row["samples_per_s"], row["ci_low"], row["ci_high"], row["runs_ok"])
             ratio = _interval(row.get("ratio", np.nan), row.get("ratio_low"), row.get("ratio_high"), None, is_base)
             lines.append(
-                f"{row['backend']:<10} {okfail:>7} {sps:>26} {ratio:>24} {row['step_p50_s']:>9.4f} "
+                f"{row['backend']:<{width}} {okfail:>7} {sps:>26} {ratio:>24} {row['step_p50_s']:>9.4f} "
                 f"{row['step_p99_s']:>9.4f} {row['final_train_loss']:>10.4f} {row['final_val_loss']:>9.4f}"
             )
             if not is_base:
-                verdicts.append(stats.verdict(row["backend"], base, row["ratio"], row["ratio_low"], row["ratio_high"]))
+                verdict = stats.verdict(row["backend"], base, row["ratio"], row["ratio_low"], row["ratio_high"])
+                verdicts.append(where + verdict)
             if isinstance(row.get("warning"), str) and row["warning"]:
-                warnings.append(f"warning: {row['backend']}: {row['warning']}: throughput this short is mostly noise; "
-                                "time more steps (--steps-per-epoch, --epochs)")  # fmt: skip
+                warnings.append(f"warning: {where}{row['backend']}: {row['warning']}: throughput this short is mostly "
+                                "noise; time more steps (--steps-per-epoch, --epochs)")  # fmt: skip
             if row["runs_failed"] and isinstance(row.get("error"), str):
-                warnings.append(f"{row['backend']}: {row['runs_failed']} run(s) failed: {row['error']}")
+                warnings.append(f"{where}{row['backend']}: {row['runs_failed']} run(s) failed: {row['error']}")
     if not isinstance(agreement, Agreement):
         agreement = Agreement(train=float(agreement))
     lines += [*agreement.lines(), *verdicts, *warnings]
@@ -249,7 +317,3 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
         "descriptive, no interval."
     )
     return "\n".join(lines)
-
-
-def _plain(value: object) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)

@@ -45,8 +45,8 @@ def test_report_opens_with_what_was_compared(tmp_path) -> None:
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.index("## What was compared") < md.index("## Summary") < md.index("## Per backend")
     knobs = md[md.index("## Knobs and options") : md.index("## Summary")]
-    for line in ("| knob broadcast-buffers | True | False |", "| knob bucket-cap-mb | 25.0 | — |",
-                 "| knob fusion-threshold-mb | — | 128.0 |"):  # fmt: skip
+    for line in ("| knob broadcast-buffers | True | False |", "| knob bucket-cap-mb | 25 | — |",
+                 "| knob fusion-threshold-mb | — | 128 |"):  # fmt: skip
         assert line in knobs
     assert "--lr" not in knobs and "--out" not in knobs  # equal options, and where runs were written, are not knobs
     backends = md[md.index("## Backends") : md.index("## Knobs")]
