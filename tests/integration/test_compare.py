@@ -40,7 +40,7 @@ def test_compare_with_a_workload_uses_its_defaults_and_it_learns(tmp_path) -> No
     # The options in effect are printed before anything starts, and they are cnn's.
     head = proc.stderr.split("[compare 1/1]")[0]
     cnn = workloads.REGISTRY["cnn"].defaults
-    assert "cnn (the workload's defaults)" in head and f"--lr {cnn['lr']}," in head
+    assert "cnn (the workload's defaults" in head and f"--lr {cnn['lr']}," in head
     config = meta_of(tmp_path / "cmp" / "ddp-r0")["config"]
     assert (config["lr"], config["batch_size"], config["train_size"]) == (cnn["lr"], cnn["batch_size"], 2048)
     assert config["steps_per_epoch"] is None  # one pass, not the preset's cap

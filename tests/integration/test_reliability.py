@@ -143,7 +143,7 @@ def test_report_leaves_out_invalid_runs_unless_asked(good_run, tmp_path) -> None
 
     run = _copy(good_run, tmp_path)
     (run / "timing.csv").write_bytes((run / "timing.csv").read_bytes()[:-5])
-    with pytest.raises(FileNotFoundError, match="check problems"):
+    with pytest.raises(FileNotFoundError, match="check problem"):
         load.load_runs(run)
     assert len(load.load_runs(run, include_failed=True).runs) == 1
 
