@@ -122,8 +122,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    import time
-
     from benchmarks.suite import compare
 
     started = time.perf_counter()
@@ -147,19 +145,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 harness.load_checked_workload(cfg, args.nproc)
         root = compare.make_compare_dir(Path(cfg.out), cfg.run_id)
     except InputError as exc:
-        print(f"distbench: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return EXIT_BAD_INPUT
+
+    # Each backend gets only its own knobs, so no run warns about another backend's.
+    knobs = {n: config.to_argv(config.from_namespace(backends.get(n).options_type, args)) for n in names}
 
     # --out and --run-id are compare's own: each run gets <out>/<compare-id>/<backend>-r<N>.
     def own_argv(name: str) -> list[str]:
         # A one-process backend gets the whole global batch, so every backend trains on the same samples.
         mine = compare.one_process(cfg, args.nproc) if name in backends.ONE_PROCESS else cfg
-        # Each backend gets only its own knobs, so no run warns about another backend's.
-        knobs = config.from_namespace(backends.get(name).options_type, args)
-        return [*config.to_argv(dataclasses.replace(mine, out=RunConfig.out, run_id=None)), *config.to_argv(knobs)]
+        return [*config.to_argv(dataclasses.replace(mine, out=RunConfig.out, run_id=None)), *knobs[name]]
 
     run_argv = {name: own_argv(name) for name in names}
-    knobs = {n: config.to_argv(config.from_namespace(backends.get(n).options_type, args)) for n in names}
     threads = cfg.threads or harness.default_threads(args.nproc)
     plan = compare.describe(cfg, preset, names, args.launcher, args.nproc, args.repeats, threads, knobs)
     print(plan, file=sys.stderr)

@@ -129,6 +129,11 @@ def flag_of(f: dataclasses.Field[Any]) -> str:
     return flag(f.name)
 
 
+def negated_flag_of(f: dataclasses.Field[Any]) -> str:
+    """`--no-x`, which turns off a bool option that defaults to on."""
+    return "--no-" + f.name.replace("_", "-")
+
+
 def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
     """Add one `--kebab-case` option per field of a config dataclass."""
     group = parser.add_argument_group(section.__name__, section.__doc__)
@@ -139,9 +144,8 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
         help_text = f.metadata["help"].replace("%", "%%") + f" (default: {shown})"
         if f.type in ("bool", bool):
             action = argparse.BooleanOptionalAction if f.default else "store_true"
-            flags = [flag_of(f)]
             # Set help after construction: BooleanOptionalAction appends its own "(default: True)" on 3.10/3.11.
-            group.add_argument(*flags, action=action, default=f.default).help = help_text
+            group.add_argument(flag_of(f), action=action, default=f.default).help = help_text
             continue
         kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(f.type), str)
         group.add_argument(flag_of(f), type=kind, default=f.default, help=help_text, choices=f.metadata.get("choices"))
@@ -156,12 +160,11 @@ def to_argv(section_obj: Any) -> list[str]:
     argv: list[str] = []
     for f in dataclasses.fields(section_obj):
         value = getattr(section_obj, f.name)
-        option = flag_of(f)
         if isinstance(value, bool):
             if value != f.default:
-                argv.append(option if value else "--no-" + option[2:])
+                argv.append(flag_of(f) if value else negated_flag_of(f))
         elif value is not None and value != f.default:
-            argv += [option, str(value)]
+            argv += [flag_of(f), str(value)]
     return argv
 
 
@@ -173,7 +176,7 @@ def all_options(args: argparse.Namespace) -> dict[str, Any]:
 def inert_options(args: argparse.Namespace, own: type) -> list[str]:
     """Flags of another backend's section set away from their default: they cannot affect this backend."""
     return [
-        "--no-" + flag_of(f)[2:] if f.default is True else flag_of(f)
+        negated_flag_of(f) if f.default is True else flag_of(f)
         for section in SECTIONS
         if section is not RunConfig and section is not own
         for f in dataclasses.fields(section)
@@ -189,10 +192,8 @@ def option_table() -> str:
             doc = " ".join((section.__doc__ or "").split())
             rows.append(f"| **{section.__name__}** | | {doc} Other backends ignore these (with a warning). |")
         for f in dataclasses.fields(section):
-            flag = flag_of(f)
-            if f.default is True:
-                flag = f"{flag}` / `--no-{flag[2:]}"
-            rows.append(f"| `{flag}` | {default_text(f)} | {f.metadata['help']} |")
+            flags = f"{flag_of(f)}` / `{negated_flag_of(f)}" if f.default is True else flag_of(f)
+            rows.append(f"| `{flags}` | {default_text(f)} | {f.metadata['help']} |")
     return "\n".join(rows) + "\n"
 
 

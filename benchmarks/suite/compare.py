@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import secrets
 import subprocess
@@ -125,8 +124,11 @@ def describe(cfg: RunConfig, preset: bool, names: list[str], launcher: str | Non
     variants = ", ".join(f"{n} ({launcher_for(n, launcher)})" for n in names)
     single = [f"{n}: 1 rank of batch {cfg.batch_size * nproc}" for n in names if n in backends.ONE_PROCESS]
     ranks = f"{nproc} ranks per backend" + (f" ({', '.join(single)})" if single else "")
-    where = "compare's default; give --workload for a workload's own" if preset else "the workload's defaults"
-    where += " and the options given" if not preset else ""
+    where = (
+        "compare's default; give --workload for a workload's own"
+        if preset
+        else "the workload's defaults and the options given"
+    )
     steps = "one pass per epoch" if cfg.steps_per_epoch is None else f"--steps-per-epoch {cfg.steps_per_epoch}"
     train = "the rest" if cfg.train_size is None else cfg.train_size
     shown = ("workload", "epochs", "steps_per_epoch", "warmup_steps", "batch_size", "lr", "train_size", "val_size")
@@ -152,7 +154,7 @@ class Attempt:
     job_wall_s: float = float("nan")
     """The whole job: launcher, start-up, training, validation, exit."""
     timed_wall_s: float = float("nan")
-    """The run's timed window (run.json), NaN if it recorded none."""
+    """The run's timed window (run.json, read by `write_comparison`), NaN if it recorded none."""
 
 
 def launcher_command(backend: str, launcher: str | None, nproc: int) -> list[str]:
@@ -186,14 +188,6 @@ def make_compare_dir(out: Path, compare_id: str | None) -> Path:
     except OSError as exc:
         raise InputError(f"cannot write to --out {out} ({exc.strerror}); choose a writable --out") from exc
     return root
-
-
-def _timed_wall_s(run_dir: Path) -> float:
-    try:
-        value = json.loads((run_dir / "run.json").read_text()).get("timed_wall_s")
-    except (OSError, ValueError):
-        return float("nan")
-    return float(value) if isinstance(value, (int, float)) else float("nan")
 
 
 def compare(
@@ -238,7 +232,6 @@ def compare(
                 attempt.returncode = 127
             attempt.job_wall_s = time.perf_counter() - t0
             results.mark_abandoned(root / run_id, f"the job exited {attempt.returncode} before the run completed")
-            attempt.timed_wall_s = _timed_wall_s(root / run_id)
             if attempt.returncode:
                 print(f"[compare] {backend} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
             attempts.append(attempt)
@@ -271,15 +264,6 @@ COMPARISON_COLUMNS = ["backend", "repeat", "run_id", "status", "returncode", "co
                       "timed_wall_s"]  # fmt: skip
 
 
-def _stats_by_run(per_run: Any, root: Path) -> dict[str, dict[str, Any]]:
-    """Per-run statistics keyed by the run directory (`run_key`), or by run_id where there is none."""
-    by_run = {}
-    for row in per_run.to_dict("records"):
-        key = str(Path(row["run_key"]).resolve()) if "run_key" in row else row["run_id"]
-        by_run[key] = row
-    return by_run
-
-
 def write_comparison(root: Path, attempts: list[Attempt]) -> str:
     """comparison.csv (one row per run, failures included) and the terminal table."""
     import pandas as pd
@@ -288,12 +272,14 @@ def write_comparison(root: Path, attempts: list[Attempt]) -> str:
 
     found = load.find_run_dirs(root)
     rs = load.load_runs(root, include_failed=True) if found else None
-    per_run = tables.per_run_stats(rs) if rs is not None else pd.DataFrame(columns=["run_id"])
-    by_run = _stats_by_run(per_run, root)
+    per_run = tables.per_run_stats(rs) if rs is not None else pd.DataFrame(columns=["run_key"])
+    by_run = {str(Path(row["run_key"]).resolve()): row for row in per_run.to_dict("records")}
     rows = []
     for a in attempts:
         run_dir = root / a.run_id
-        stats = by_run.get(str(run_dir.resolve()), by_run.get(a.run_id, {}))
+        stats = by_run.get(str(run_dir.resolve()), {})
+        wall = stats.get("timed_wall_s")
+        a.timed_wall_s = float(wall) if isinstance(wall, (int, float)) else float("nan")  # for the time line
         ok = a.returncode == 0 and stats.get("status") == "completed"
         # Every statistic the analysis has (the table may use more than the CSV keeps), then the attempt's facts.
         rows.append({"run_key": str(run_dir), **stats, **dataclasses.asdict(a), "command": " ".join(a.command),
