@@ -1,4 +1,4 @@
-"""`distbench` command line: run, compare, report, check, doctor.
+"""`distbench` command line: run, compare, report, check, allreduce, doctor.
 
 distbench doctor                                   what this machine can run
 torchrun --standalone --nproc-per-node 2 -m benchmarks.cli run --backend ddp --workload mlp
@@ -6,6 +6,7 @@ horovodrun -np 2 --gloo python -m benchmarks.cli run --backend horovod --workloa
 distbench compare                                  the default DDP-vs-Horovod comparison
 distbench report results/runs/<compare-id>         tables, plots, report.md/html
 distbench check results/runs/*                     validate result files against the contract
+distbench allreduce --compare                      allreduce time and bandwidth by message size, per implementation
 """
 
 from __future__ import annotations
@@ -251,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check", help="validate run directories against the CSV contract")
     chk.add_argument("paths", nargs="+", help="run directories, compare directories or globs")
     chk.set_defaults(func=_cmd_check)
+
+    ar = sub.add_parser("allreduce", help="allreduce micro-benchmark: torch.distributed, Horovod and MPI by size")
+    from benchmarks.suite import allreduce  # light: neither torch nor the analysis stack
+
+    allreduce.add_arguments(ar)
+    ar.set_defaults(func=allreduce.command)
 
     doctor = sub.add_parser("doctor", help="print versions and what Horovod was built with")
     doctor.set_defaults(func=_cmd_doctor)
