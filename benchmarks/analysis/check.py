@@ -170,4 +170,8 @@ def check_run(run_dir: Path) -> list[Problem]:
     meta, problems = meta_problems(run_dir)
     if meta is None:
         return problems
+    if meta.get("kind") == "allreduce":  # `distbench allreduce`: its own files and contract
+        from benchmarks.analysis import collectives
+
+        return [Problem(run_dir, None, line) for line in collectives.check_dir(run_dir)]
     return problems + check_frames(run_dir, meta, read_frames(run_dir))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ NUMERIC = {
     results.TIMING_CSV: ("world_size", "rank", "epoch", "step", "samples", *check.SECONDS),
     results.LOSS_CSV: ("world_size", "epoch", "step", "loss", "accuracy", "samples"),
 }
+ALLREDUCE_KIND = "allreduce"
 CONFIG_SKIPPED = ("out", "run_id", "quiet")  # where a run was written says nothing about what it measured
 
 
@@ -66,6 +68,14 @@ def find_run_dirs(*paths: str | Path) -> list[Path]:
                     dirs.clear()  # a run directory holds no runs of its own
     unique = {p.resolve(): p for p in reversed(found)}  # the same run reached twice is loaded once
     return sorted(unique.values(), key=str)
+
+
+def is_allreduce_dir(run_dir: Path) -> bool:
+    """A `distbench allreduce` run directory (run.json `kind`), read by analysis.collectives instead."""
+    try:
+        return json.loads((run_dir / results.RUN_JSON).read_text()).get("kind") == ALLREDUCE_KIND
+    except (OSError, ValueError, AttributeError):
+        return False  # check reports an unreadable run.json
 
 
 def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +124,7 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
     Runs that did not complete, or that fail `distbench check`, are left out (listed in `skipped`
     and `left_out`) unless `include_failed`.
     """
-    dirs = find_run_dirs(*paths)
+    dirs = [d for d in find_run_dirs(*paths) if not is_allreduce_dir(d)]  # `distbench allreduce`'s own
     if not dirs:
         raise FileNotFoundError(f"no run directories (with {results.RUN_JSON}) under {', '.join(map(str, paths))}")
     metas, left_out, timings, losses, skipped = [], [], [], [], []

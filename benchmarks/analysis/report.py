@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.analysis import context, figures, load, tables
+from benchmarks.analysis import context, figures, load, tables, why
 from benchmarks.analysis.load import RunSet
 
 __all__ = ["RunSet", "write"]
@@ -49,7 +49,8 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
     ]
     if ((scale.world_size > 1) & scale.efficiency.notna()).any():  # a curve, not a lone 1-rank point
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
-    images = [image for image in images if image is not None]
+    explained = why.section(rs, per_run, paths, out)
+    images = [image for image in [*images, *explained.images] if image is not None]
     sections = {
         "What was compared": context.setup_table(rs, per_run),
         "Backends: launch, threads, versions": context.backend_facts(rs),
@@ -59,6 +60,9 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
     }
     if len(scale):
         sections["Scaling (each backend against its own 1-rank runs)"] = scale
+    sections.update(explained.tables)
+    if explained.sentences:
+        summary += "\n\nWhy:\n" + "\n".join(f"- {line}" for line in explained.sentences)
     if "md" in formats:
         md = ["# distbench report", ""]
         for title, frame in sections.items():

@@ -46,6 +46,18 @@ def default_threads(local_world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
 
 
+def oversubscribed(local_world_size: int) -> bool:
+    """More ranks on this host than cores: such a run measures time-slicing, not scaling."""
+    return local_world_size > (os.cpu_count() or 1)
+
+
+def gradient_bytes(params: Sequence[torch.nn.Parameter], cfg: RunConfig, backend_name: str) -> int:
+    """Bytes each rank allreduces per optimizer step: every gradient once, in fp16 with --fp16-allreduce."""
+    if backend_name in backends.ONE_PROCESS:
+        return 0
+    return sum(p.numel() * (2 if cfg.fp16_allreduce and p.is_floating_point() else p.element_size()) for p in params)
+
+
 def new_run_id(backend: str, workload: str, world_size: int) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", workload)
@@ -231,6 +243,7 @@ def run(
             "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
             "launcher_detail": info.detail, "world_size": info.world_size,
             "local_world_size": info.local_world_size, "workload": cfg.workload,
+            "oversubscribed": oversubscribed(info.local_world_size),
             "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
             "train_size": len(workload.train[0]), "val_size": len(workload.val[0]),
             "config": {**(given or {}), **dataclasses.asdict(cfg), **dataclasses.asdict(options)},
@@ -246,8 +259,9 @@ def run(
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         if recorder is not None:
             recorder.meta["knobs"] = backend.describe()
-            params = trainer.raw_model.parameters()
-            recorder.meta["model_parameters"] = sum(p.numel() for p in params if p.requires_grad)
+            params = [p for p in trainer.raw_model.parameters() if p.requires_grad]
+            recorder.meta["model_parameters"] = sum(p.numel() for p in params)
+            recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, cfg, backend_name)
         trainer.fit()
         if recorder is not None:
             recorder.summary(trainer.timed_wall_s)
