@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
@@ -80,6 +81,29 @@ class Backend(ABC, Generic[Options]):
     def barrier(self) -> None: ...
 
     # --- record ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def trace(self, directory: Path | None) -> Iterator[dict[str, Any]]:
+        """Trace the steps run inside. `directory` is given on rank 0 only, which writes the files and
+        lists them (relative to the run directory) in the dict it yields.
+
+        This default is torch.profiler's Chrome trace of rank 0; a framework with its own tracer overrides it.
+        """
+        found: dict[str, Any] = {"tracer": "torch.profiler", "files": []}
+        if directory is None:
+            yield found
+            return
+        from torch import profiler
+
+        activities = [profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(profiler.ProfilerActivity.CUDA)
+        with profiler.profile(activities=activities) as prof:
+            yield found
+        directory.mkdir(exist_ok=True)
+        path = directory / "torch_profiler_rank0.json"
+        prof.export_chrome_trace(str(path))
+        found["files"].append(f"{directory.name}/{path.name}")
+
     def describe(self) -> dict[str, Any]:
         """Every knob in effect, for run.json."""
         return {"accumulate": self.run.accumulate, "fp16_allreduce": self.run.fp16_allreduce}

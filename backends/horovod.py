@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +46,8 @@ class HorovodBackend(Backend[HorovodConfig]):
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, int(self.run.timeout)))
         os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, int(self.run.timeout / 2)))
         os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(max(2, int(self.run.timeout)))
+        if self.run.trace:
+            os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # Horovod: allow hvd.start_timeline after init
         self.hvd_module = hvd = import_horovod()
         hvd.init()  # Horovod: join the job (gloo or MPI controller, whichever the launcher set up)
         if self.run.device == "cuda":
@@ -82,6 +87,23 @@ class HorovodBackend(Backend[HorovodConfig]):
 
     def barrier(self) -> None:
         self.hvd_module.barrier()
+
+    @contextlib.contextmanager
+    def trace(self, directory: Path | None) -> Iterator[dict[str, Any]]:
+        """Horovod's own timeline (Chrome trace format) of every rank's collectives, written by rank 0."""
+        hvd = self.hvd_module
+        found: dict[str, Any] = {"tracer": "horovod timeline", "files": []}
+        if directory is not None:
+            directory.mkdir(exist_ok=True)
+        path = directory / "horovod_timeline.json" if directory is not None else None
+        # Horovod: every rank starts and stops the timeline; only the coordinator (rank 0) writes it.
+        hvd.start_timeline(str(path) if path is not None else os.devnull)
+        try:
+            yield found
+        finally:
+            hvd.stop_timeline()
+        if path is not None:
+            found["files"].append(f"{directory.name}/{path.name}")
 
     def describe(self) -> dict[str, Any]:
         hvd = self.hvd_module

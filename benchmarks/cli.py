@@ -48,6 +48,10 @@ def validate(backend: str, cfg: RunConfig) -> None:
         raise InputError(f"--lr must be a positive number, got {cfg.lr}")
     if cfg.warmup_steps < 0 or not cfg.timeout > 0:
         raise InputError("--warmup-steps must be >= 0 and --timeout > 0")
+    if cfg.compute_baseline_steps < 0:
+        raise InputError(f"--compute-baseline-steps must be >= 0 (0 turns it off), got {cfg.compute_baseline_steps}")
+    if cfg.trace_steps < 1:
+        raise InputError(f"--trace-steps must be a positive integer, got {cfg.trace_steps}")
     if cfg.steps_per_epoch is not None and cfg.epochs * cfg.steps_per_epoch <= cfg.warmup_steps:
         raise config.no_timed_steps(cfg, cfg.steps_per_epoch)
     if cfg.inject_fault:

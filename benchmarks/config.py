@@ -42,6 +42,15 @@ class RunConfig:
     threads: int | None = _opt(None, "torch intra-op threads per rank, set under every launcher", "cores ÷ local ranks")
     out: str = _opt("results/runs", "directory that receives <run-id>/")
     run_id: str | None = _opt(None, "name of the run directory", "time-backend-workload-wN-xxxx")
+    compute_baseline_steps: int = _opt(
+        10,
+        "after training, time N steps of the same per-rank batches on a copy of the model with no gradient "
+        "communication (summary.csv compute_s, exposed_comm_s); 0 turns it off",
+    )
+    trace: bool = _opt(
+        False, "after training, trace --trace-steps more steps: Horovod timeline, torch.profiler for the others"
+    )
+    trace_steps: int = _opt(5, "steps traced with --trace (after every recorded number, so none is perturbed)")
     flush_every: int = _opt(100, "gather per-rank rows to rank 0 every N steps (off the timed path)")
     accumulate: int = _opt(1, "micro-batches per optimizer step: DDP no_sync, Horovod backward_passes_per_step")
     fp16_allreduce: bool = _opt(False, "fp16 gradient compression: DDP fp16_compress_hook, Horovod Compression.fp16")

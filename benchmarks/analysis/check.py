@@ -105,9 +105,11 @@ def frame_problems(path: Path, frame: pd.DataFrame, columns: tuple[str, ...], me
     return problems
 
 
-def summary_problems(path: Path, summary: pd.DataFrame, timing: pd.DataFrame | None) -> list[Problem]:
-    if tuple(summary.columns) != results.SUMMARY_COLUMNS:
-        return [Problem(path, 1, "header differs from the contract")]
+def summary_problems(
+    path: Path, summary: pd.DataFrame, timing: pd.DataFrame | None, schema: int = results.SCHEMA_VERSION
+) -> list[Problem]:
+    if tuple(summary.columns) != results.SUMMARY_COLUMNS_OF.get(schema, results.SUMMARY_COLUMNS):
+        return [Problem(path, 1, f"header differs from the contract of schema_version {schema}")]
     if len(summary) != 1:
         return [Problem(path, None, f"{len(summary)} rows; expected exactly one")]
     row = summary.iloc[0]
@@ -124,6 +126,14 @@ def summary_problems(path: Path, summary: pd.DataFrame, timing: pd.DataFrame | N
         problems.append(
             Problem(path, 2, f"samples_per_s {row['samples_per_s']:.6g} but the rows give {recomputed:.6g}")
         )
+    if "step_mean_s" in row:
+        step_mean = timed.groupby("step")["step_s"].max().mean()  # the slowest rank's time of each step
+        if not np.isclose(step_mean, row["step_mean_s"], rtol=1e-6):
+            problems.append(Problem(path, 2, f"step_mean_s {row['step_mean_s']:.6g} but the rows give {step_mean:.6g}"))
+        if pd.notna(row["compute_s"]) and not np.isclose(
+            row["step_mean_s"] - row["compute_s"], row["exposed_comm_s"], rtol=1e-6, atol=1e-12
+        ):
+            problems.append(Problem(path, 2, "exposed_comm_s is not step_mean_s − compute_s"))
     return problems
 
 
@@ -158,7 +168,9 @@ def check_frames(
     if meta.get("status") == "completed":
         problems += read
         if summary is not None:
-            problems += summary_problems(run_dir / results.SUMMARY_CSV, summary, frames[results.TIMING_CSV][0])
+            timing = frames[results.TIMING_CSV][0]
+            schema = meta.get("schema_version", results.SCHEMA_VERSION)
+            problems += summary_problems(run_dir / results.SUMMARY_CSV, summary, timing, schema)
     return problems
 
 

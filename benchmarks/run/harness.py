@@ -264,7 +264,7 @@ def run(
             recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, cfg, backend_name)
         trainer.fit()
         if recorder is not None:
-            recorder.summary(trainer.timed_wall_s)
+            recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
             recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
             return recorder.run_dir
         return None

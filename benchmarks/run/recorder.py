@@ -23,8 +23,8 @@ import numpy as np
 
 from benchmarks.run import guard
 
-SCHEMA_VERSION = 1
-KNOWN_SCHEMAS = frozenset({1})
+SCHEMA_VERSION = 2
+KNOWN_SCHEMAS = frozenset({1, 2})
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
 
 TIMING_COLUMNS = (
@@ -35,8 +35,10 @@ LOSS_COLUMNS = ("run_id", "backend", "world_size", "epoch", "step", "split", "lo
 SUMMARY_COLUMNS = (
     "run_id", "backend", "world_size", "workload", "global_batch", "timed_steps", "samples_per_s",
     "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
-    "final_val_accuracy", "wall_s",
+    "final_val_accuracy", "wall_s", "step_mean_s", "compute_s", "exposed_comm_s", "exposed_comm_share",
 )  # fmt: skip
+SUMMARY_COLUMNS_OF = {1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("step_mean_s")], 2: SUMMARY_COLUMNS}
+"""summary.csv's header by run.json schema_version: version 2 added the step breakdown at the end."""
 
 
 class ResultsWriteError(OSError):
@@ -114,9 +116,13 @@ class Recorder:
         for row in rows:
             self._last[row["split"]] = row
 
-    def summary(self, timed_wall_s: float) -> dict[str, Any]:
-        """Write summary.csv from everything recorded so far; a step's time is its slowest rank's."""
-        row = summary_row(self.meta, list(self._slowest.values()), self._timed_samples, self._last, timed_wall_s)
+    def summary(self, timed_wall_s: float, compute_step_s: Sequence[float] = ()) -> dict[str, Any]:
+        """Write summary.csv from everything recorded so far; a step's time is its slowest rank's.
+
+        `compute_step_s`: the slowest rank's time of each compute-baseline step (none when it was off).
+        """
+        slowest = list(self._slowest.values())
+        row = summary_row(self.meta, slowest, self._timed_samples, self._last, timed_wall_s, compute_step_s)
         self._append(SUMMARY_CSV, SUMMARY_COLUMNS, [row], header=True)
         return row
 
@@ -152,9 +158,19 @@ def summary_row(
     timed_samples: int,
     last: dict[str, dict[str, Any]],
     timed_wall_s: float,
+    compute_step_s: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """summary.csv's row from the slowest rank's time of each timed step and the last train/val rows."""
+    """summary.csv's row from the slowest rank's time of each timed step and the last train/val rows.
+
+    The breakdown: `step_mean_s` (mean timed step), `compute_s` (mean compute-baseline step: the same
+    work with no gradient communication), their difference `exposed_comm_s` — communication and framework
+    overhead not hidden behind compute — and its share of the step. Noise can make it slightly negative;
+    it is written as measured.
+    """
     times = np.asarray(step_times, dtype=float)
+    step_mean = float(times.mean()) if len(times) else None
+    compute = float(np.mean(compute_step_s)) if len(compute_step_s) else None
+    exposed = step_mean - compute if step_mean is not None and compute is not None else None
 
     def pct(q: float) -> float | None:
         return float(np.percentile(times, q)) if len(times) else None
@@ -175,4 +191,8 @@ def summary_row(
         "final_val_loss": val.get("loss"),
         "final_val_accuracy": val.get("accuracy"),
         "wall_s": timed_wall_s,
+        "step_mean_s": step_mean,
+        "compute_s": compute,
+        "exposed_comm_s": exposed,
+        "exposed_comm_share": exposed / step_mean if exposed is not None and step_mean else None,
     }

@@ -3,7 +3,10 @@ steps, exact validation. `harness.run` builds one and calls `fit()`."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +43,15 @@ def average_buffers(backend: Backend, model: nn.Module) -> None:
         offset += buffer.numel()
 
 
+BASELINE_WARMUP_STEPS = 2
+"""Untimed steps before the compute baseline: its fresh optimizer allocates momentum buffers once."""
+
+
+def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    """The optimizer every backend wraps (and the compute baseline uses bare)."""
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+
+
 class Trainer:
     """Trains and validates one workload on one backend; rank 0 records."""
 
@@ -57,11 +69,12 @@ class Trainer:
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
         self.raw_model = workload.build_model().to(self.device)
-        optimizer = torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=0.9)
-        self.model, self.optimizer = backend.prepare(self.raw_model, optimizer)
+        self.model, self.optimizer = backend.prepare(self.raw_model, make_optimizer(self.raw_model, cfg))
         self.pending: list[dict[str, Any]] = []
         self.global_step = 0
         self.timed_wall_s = 0.0
+        self.compute_step_s: list[float] = []
+        """The slowest rank's time of each compute-baseline step (empty when it is off)."""
         self.progress: progress.tqdm | progress.LineProgress | None = None
         if recorder is not None:
             recorder.meta["validation_buffers"] = VALIDATION_BUFFERS
@@ -84,8 +97,14 @@ class Trainer:
         steps = [micro[i : i + k] for i in range(0, len(micro) - k + 1, k)]
         return steps[: cfg.steps_per_epoch] if cfg.steps_per_epoch is not None else steps
 
-    def train_step(self, micro_batches: list[list[int]], epoch: int) -> dict[str, Any]:
-        """One optimizer step, timed phase by phase; nothing here talks to other ranks."""
+    def train_step(
+        self, micro_batches: list[list[int]], epoch: int, bare: tuple[nn.Module, Any] | None = None
+    ) -> dict[str, Any]:
+        """One optimizer step, timed phase by phase; nothing here talks to other ranks.
+
+        `bare`: a model and optimizer to step instead, outside the backend (the compute baseline).
+        """
+        model, optimizer = bare or (self.model, self.optimizer)
         x_all, y_all = self.workload.train
         k = len(micro_batches)
         data_s = forward_s = backward_s = 0.0
@@ -97,8 +116,9 @@ class Trainer:
             x, y = x_all[index].to(self.device), y_all[index].to(self.device)
             self._sync()
             t1 = time.perf_counter()
-            with self.backend.accumulation(self.model, last_micro_batch=i == k - 1):
-                out = self.model(x)
+            last = i == k - 1
+            with self.backend.accumulation(model, last) if bare is None else contextlib.nullcontext():
+                out = model(x)
                 per_sample = self.workload.loss(out, y)
                 loss = per_sample.mean() / k
                 self._sync()
@@ -109,8 +129,8 @@ class Trainer:
             data_s, forward_s, backward_s = data_s + t1 - t0, forward_s + t2 - t1, backward_s + t3 - t2
             kept.append((per_sample.detach(), out.detach(), y))
         t4 = time.perf_counter()
-        self.optimizer.step()
-        self.optimizer.zero_grad()  # set_to_none, the default; Horovod takes no argument
+        optimizer.step()
+        optimizer.zero_grad()  # set_to_none, the default; Horovod takes no argument
         self._sync()
         end = time.perf_counter()
         # Off the clock: reading losses forces a device sync, so it comes after the step is timed.
@@ -208,6 +228,44 @@ class Trainer:
         mine = torch.tensor([seconds], dtype=torch.float64, device=self.device)
         return float(self.backend.all_reduce(mine, "max").item())
 
+    def compute_baseline(self, plan: list[list[list[list[int]]]]) -> list[float]:
+        """Time --compute-baseline-steps steps of this rank's own batches with no gradient communication.
+
+        A copy of the model with a bare optimizer of the same kind does the same forward, backward and
+        update per step as training, and every rank runs at once, so the cores are as busy as in training;
+        only the backend is left out. Returns the slowest rank's time of each step (gathered afterwards).
+        """
+        n = self.cfg.compute_baseline_steps
+        if n == 0:
+            return []
+        model = copy.deepcopy(self.raw_model)  # a copy: training's weights and optimizer state stay as they are
+        bare = (model, make_optimizer(model, self.cfg))
+        steps = [step for epoch in plan for step in epoch]
+        self.backend.barrier()
+        mine = []
+        for i in range(BASELINE_WARMUP_STEPS + n):
+            row = self.train_step(steps[i % len(steps)], 0, bare)
+            if i >= BASELINE_WARMUP_STEPS:
+                mine.append(row["step_s"])
+            self._beat()
+        return [max(times) for times in zip(*self.backend.all_gather_object(mine), strict=True)]
+
+    def trace(self, plan: list[list[list[list[int]]]], directory: Path | None) -> dict[str, Any]:
+        """Train --trace-steps more steps under the backend's tracer; rank 0 writes into `directory`.
+
+        They come after the last validation and the compute baseline, so no recorded number includes
+        the tracer's overhead.
+        """
+        steps = [step for epoch in plan for step in epoch]
+        self.backend.barrier()
+        with self.backend.trace(directory) as found:
+            for i in range(self.cfg.trace_steps):
+                self.global_step += 1
+                self.train_step(steps[i % len(steps)], len(plan))
+                self._beat()
+        self.backend.barrier()
+        return {"steps": self.cfg.trace_steps, **found}
+
     def fit(self) -> None:
         cfg = self.cfg
         plan = [self.steps_in_epoch(epoch) for epoch in range(cfg.epochs)]
@@ -241,6 +299,12 @@ class Trainer:
             if self.recorder is not None:
                 self.recorder.loss([val])
         self.progress.close()
+        self.compute_step_s = self.compute_baseline(plan)
+        if cfg.trace:
+            directory = self.recorder.run_dir / "trace" if self.recorder is not None else None
+            traced = self.trace(plan, directory)
+            if self.recorder is not None:
+                self.recorder.meta["trace"] = traced
         # Leave together. With DDP the gloo process group outlives destroy_process_group (DDP keeps it and
         # its threads until exit) and, under mpirun, MPI_Finalize makes every rank exit at the same moment;
         # no rank may then still be inside the last collective while a peer tears its sockets down.

@@ -21,7 +21,7 @@ from benchmarks.config import DDPConfig, NoOptions, RunConfig
 from benchmarks.launch import PYTHON, TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import recorder as results
 from benchmarks.run import sharding, workloads
-from benchmarks.run.trainer import VALIDATION_BUFFERS, Trainer
+from benchmarks.run.trainer import BASELINE_WARMUP_STEPS, VALIDATION_BUFFERS, Trainer
 
 SMALL = {"train_size": 256, "val_size": 64, "quiet": True}
 WINDOWS = [(10, 1), (10, 2), (3, 4), (0, 3)]  # (--warmup-steps, --flush-every)
@@ -51,7 +51,7 @@ def fit(backend: Any, cfg: RunConfig, run_dir: Path | None, trainer_cls: type[Tr
     trainer = trainer_cls(backend, workload, cfg, recorder)
     trainer.fit()
     if recorder is not None:
-        recorder.summary(trainer.timed_wall_s)
+        recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
         recorder.finish("completed")
     return trainer
 
@@ -126,9 +126,9 @@ class StepClock(Trainer):
         super().__init__(*args, **kwargs)
         self.steps: list[tuple[float, float]] = []
 
-    def train_step(self, micro_batches: list[list[int]], epoch: int) -> dict[str, Any]:
+    def train_step(self, micro_batches: list[list[int]], epoch: int, bare: Any = None) -> dict[str, Any]:
         start = time.perf_counter()
-        row = super().train_step(micro_batches, epoch)
+        row = super().train_step(micro_batches, epoch, bare)
         self.steps.append((start, time.perf_counter()))
         return row
 
@@ -142,7 +142,7 @@ def test_no_collective_inside_a_step_and_none_per_step(tmp_path) -> None:
         backend = RecordingBackend(cfg, NoOptions(), LaunchInfo(launcher=PYTHON))
         backend.init()
         trainer = fit(backend, cfg, tmp_path / f"s{steps}", trainer_cls=StepClock)
-        assert len(trainer.steps) == 2 * steps
+        assert len(trainer.steps) == 2 * steps + BASELINE_WARMUP_STEPS + cfg.compute_baseline_steps  # baseline too
         inside = [(name, t) for name, t in backend.calls for a, b in trainer.steps if a <= t <= b]
         assert not inside, f"collectives inside a timed step: {inside}"
         counts.append(len(backend.calls))
