@@ -31,7 +31,7 @@ def _buffer_sync_kwarg(enabled: bool) -> dict[str, bool]:
 class DDPBackend(Backend[DDPConfig]):
     name = "ddp"
     options_type = DDPConfig
-    launchers = (launch.TORCHRUN, launch.MPIRUN, launch.SRUN, launch.PYTHON)
+    launchers = (launch.TORCHRUN, launch.MPIRUN, launch.HOROVODRUN_MPI, launch.SRUN, launch.PYTHON)
 
     def init(self) -> None:
         info = self.launch

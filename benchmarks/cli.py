@@ -12,7 +12,6 @@ distbench allreduce --compare                      allreduce time and bandwidth 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import os
 import signal
@@ -129,44 +128,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from benchmarks.suite import compare
 
-    started = time.perf_counter()
-
-    cfg, preset = compare.effective_config(args)
-    names = [b.strip() for b in args.backends.split(",") if b.strip()]
-    try:
-        if args.nproc < 1 or args.repeats < 1:
-            raise InputError("--nproc and --repeats must be positive integers")
-        if not names:
-            raise InputError("--backends is empty; e.g. --backends ddp,horovod")
-        for name in names:
-            validate(name, cfg)
-        compare.check_launchers(names, args.launcher)
-        from benchmarks.run import harness  # imports torch: only past the checks that need none
-
-        for name in names:
-            if name in backends.ONE_PROCESS:
-                harness.load_checked_workload(compare.one_process(cfg, args.nproc), 1)
-            else:
-                harness.load_checked_workload(cfg, args.nproc)
-        root = compare.make_compare_dir(Path(cfg.out), cfg.run_id)
-    except InputError as exc:
-        _error(str(exc))
-        return EXIT_BAD_INPUT
-
-    # Each backend gets only its own knobs, so no run warns about another backend's.
-    knobs = {n: config.to_argv(config.from_namespace(backends.get(n).options_type, args)) for n in names}
-
-    # --out and --run-id are compare's own: each run gets <out>/<compare-id>/<backend>-r<N>.
-    def own_argv(name: str) -> list[str]:
-        # A one-process backend gets the whole global batch, so every backend trains on the same samples.
-        mine = compare.one_process(cfg, args.nproc) if name in backends.ONE_PROCESS else cfg
-        return [*config.to_argv(dataclasses.replace(mine, out=RunConfig.out, run_id=None)), *knobs[name]]
-
-    run_argv = {name: own_argv(name) for name in names}
-    threads = cfg.threads or harness.default_threads(args.nproc)
-    plan = compare.describe(cfg, preset, names, args.launcher, args.nproc, args.repeats, threads, knobs)
-    print(plan, file=sys.stderr)
-    return compare.compare(names, args.nproc, args.repeats, args.launcher, run_argv, root, threads, started)
+    return compare.command(args)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -81,14 +81,43 @@ def scaling_efficiency(table: pd.DataFrame, path: Path) -> Path:
 
 
 def scaling_figure(table: pd.DataFrame) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for backend, rows in table.dropna(subset=["efficiency"]).groupby("backend", sort=False):
-        ax.plot(rows.world_size, rows.efficiency, "o-", label=backend)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xticks(sorted(int(w) for w in table.world_size.unique()))  # world sizes are whole ranks
-    ax.set_xlabel("world size")
-    ax.set_ylabel("scaling efficiency")
-    ax.legend()
+    """Throughput against ranks (left) and scaling efficiency T(n) / (n × T(1)) (right), per variant, with
+    95 % intervals where there are any; oversubscribed world sizes get a hollow marker."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    name = "variant" if "variant" in table else "backend"
+    over_any = False
+    for i, (variant, rows) in enumerate(table.groupby(name, sort=False)):
+        color = f"C{i % 10}"
+        rows = rows.sort_values("world_size")
+        for ax, column in ((left, "samples_per_s"), (right, "efficiency")):
+            if column not in rows or rows[column].isna().all():
+                continue
+            low, high = ("ci_low", "ci_high") if column == "samples_per_s" else ("efficiency_low", "efficiency_high")
+            err = None
+            if low in rows and high in rows:
+                err = [(rows[column] - rows[low]).fillna(0).clip(lower=0), (rows[high] - rows[column]).fillna(0)]
+            ax.errorbar(rows.world_size, rows[column], yerr=err, fmt="-", color=color, capsize=4, label=variant)
+            over = rows["oversubscribed"].fillna(False).astype(bool) if "oversubscribed" in rows else rows[column] < 0
+            over_any |= bool(over.any())
+            ax.plot(rows.world_size[~over], rows[column][~over], "o", color=color)
+            ax.plot(rows.world_size[over], rows[column][over], "o", mfc="white", mec=color, mew=1.5)
+        if "vs_single" in rows and rows["vs_single"].notna().any():
+            right.plot(
+                rows.world_size, rows["vs_single"], ":", marker="s", ms=4, color=color, label=f"{variant} vs single"
+            )
+    ticks = sorted(int(w) for w in table.world_size.unique())  # world sizes are whole ranks
+    for ax in (left, right):
+        ax.set_xticks(ticks)
+        ax.set_xlabel("world size (ranks)")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    left.set_ylabel("samples/s (geo. mean, 95% CI)")
+    right.set_ylabel("scaling efficiency T(n) / (n·T(1))")
+    note = "; hollow: oversubscribed (time-slicing)" if over_any else ""
+    left.set_title("Throughput vs ranks")
+    right.set_title("Scaling efficiency" + note, fontsize=9 if note else None)
+    for ax, size in ((left, 8), (right, 7)):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=size)
     return fig
 
 

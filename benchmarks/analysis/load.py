@@ -26,7 +26,8 @@ from benchmarks.run import recorder as results
 
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
 EXTRA_COLUMNS = ("launcher_detail", "local_world_size", "train_size", "val_size", "model_parameters",
-                 "validation_buffers", "omp_num_threads_env", "timed_wall_s", "error", "failed_rank")  # fmt: skip
+                 "validation_buffers", "omp_num_threads_env", "timed_wall_s", "error", "failed_rank",
+                 "oversubscribed")  # fmt: skip
 JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
 DIED = "status running but its process is gone (the job died)"
 NUMERIC = {
@@ -89,21 +90,40 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     optimizer = meta.get("optimizer")
     row["optimizer"] = ", ".join(f"{k}={v}" for k, v in optimizer.items()) if isinstance(optimizer, dict) else optimizer
     row["path"] = str(run_dir)
+    row["variant"] = run_variant(meta)
     return row
 
 
+def run_variant(meta: dict[str, Any]) -> str:
+    """`compare`'s name for how the run was launched: ddp@torchrun, horovod@gloo, horovod@mpi, …"""
+    from benchmarks.suite import variants  # torch-free
+
+    backend, launcher = str(meta.get("backend") or "?"), str(meta.get("launcher") or "")
+    controller = (meta.get("knobs") or {}).get("controller") or meta.get("launcher_detail") or ""
+    return variants.label(backend, launcher, str(controller) if backend == "horovod" else "")
+
+
 def _compare_order(runs: pd.DataFrame) -> pd.DataFrame:
-    """Backends in the order `compare --backends` gave them (its comparison.csv), so the report's ratio
-    base is the compare table's; runs outside a comparison keep their path order, after those."""
+    """Variants in the order `compare --backends` gave them (its comparison.csv), so the report's ratio
+    base is the compare table's; runs outside a comparison keep their path order, after those. Also each
+    run's scaling mode (`scaling`: weak or strong, from comparison.csv; None outside a comparison)."""
     rank: dict[str, int] = {}
+    scaling: dict[str, str] = {}
     for parent in dict.fromkeys(Path(key).parent for key in runs["run_key"]):
         listed = parent / "comparison.csv"
-        if listed.is_file():
-            for backend in pd.read_csv(listed, usecols=["backend"])["backend"]:
-                rank.setdefault(str(backend), len(rank))
+        if not listed.is_file():
+            continue
+        table = pd.read_csv(listed)
+        column = "variant" if "variant" in table else "backend"  # comparisons before variants list backends
+        for name in table[column]:
+            rank.setdefault(str(name), len(rank))
+        if "scaling" in table:
+            scaling.update({str(parent / str(r)): str(m) for r, m in zip(table.run_id, table.scaling, strict=True)})
+    runs = runs.assign(scaling=runs["run_key"].map(lambda k: scaling.get(str(k))))
     if not rank:
         return runs
-    order = runs["backend"].map(lambda b: rank.get(str(b), len(rank)))
+    named = zip(runs["variant"].astype(str), runs["backend"].astype(str), strict=True)
+    order = pd.Series([rank.get(v, rank.get(b, len(rank))) for v, b in named], index=runs.index)
     return runs.iloc[order.argsort(kind="stable")].reset_index(drop=True)
 
 

@@ -39,6 +39,8 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
     table = tables.backend_table(per_run)
     summary = context.headline(rs, per_run) + "\n" + tables.format_table(table, tables.loss_agreement(rs))
     scale = tables.scaling(per_run)
+    if len(scale):
+        summary += "\n\n" + tables.format_scaling(scale)
     names = dict(zip(per_run.run_key.astype(str), per_run.backend.astype(str), strict=True))  # launchers split
     # Plots of what completed: each is None when nothing it would show did.
     images = [
@@ -47,7 +49,7 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
         figures.phases(tables.phase_breakdown(rs, names), out / "phases.png"),
         figures.loss_curves(rs, out / "loss_curves.png", names),
     ]
-    if ((scale.world_size > 1) & scale.efficiency.notna()).any():  # a curve, not a lone 1-rank point
+    if len(scale):  # some variant at two or more world sizes: a curve, never a lone point
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
     explained = why.section(rs, per_run, paths, out)
     images = [image for image in [*images, *explained.images] if image is not None]
@@ -59,7 +61,9 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
         "Per run": per_run,
     }
     if len(scale):
-        sections["Scaling (each backend against its own 1-rank runs)"] = scale
+        sections[
+            "Scaling (efficiency T(n) / (n × T(1)): each variant against its own 1-rank runs and against single)"
+        ] = scale
     sections.update(explained.tables)
     if explained.sentences:
         summary += "\n\nWhy:\n" + "\n".join(f"- {line}" for line in explained.sentences)

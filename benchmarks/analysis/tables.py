@@ -10,19 +10,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from backends import ONE_PROCESS
 from benchmarks.analysis import stats
 from benchmarks.analysis.agreement import Agreement, loss_agreement, setup_words
 from benchmarks.analysis.load import RunSet
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
-    "Agreement", "backend_table", "format_table", "loss_agreement", "per_run_stats", "phase_breakdown", "scaling",
+    "Agreement", "backend_labels", "backend_table", "format_scaling", "format_table", "loss_agreement",
+    "per_run_stats", "phase_breakdown", "scaling",
 ]  # fmt: skip
 
 SETUP = ("workload", "global_batch", "world_size")
 MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
 LAUNCH = ("launcher", "controller")
+PLAN = ("oversubscribed", "scaling")
+"""run.json's `oversubscribed` (more local ranks than cores) and compare's scaling mode (weak or strong)."""
 NO_LOSS = {"final_train_loss": np.nan, "final_val_loss": np.nan, "final_val_accuracy": np.nan}
 
 
@@ -102,8 +106,9 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
         key, wall = run["run_key"], run.get("timed_wall_s")
         has_q, n_steps = key in q.index, steps.get(key, np.nan)
         rows.append({
-            **{c: run.get(c) for c in ("run_key", "run_id", "backend")}, **dict(zip(LAUNCH, _launch(run), strict=True)),
-            **{c: run.get(c) for c in (*SETUP, "status")},
+            **{c: run.get(c) for c in ("run_key", "run_id", "backend", "variant")},
+            **dict(zip(LAUNCH, _launch(run), strict=True)),
+            **{c: run.get(c) for c in (*SETUP, "status", *PLAN)},
             "timed_steps": n_steps, "timed_wall_s": wall,
             "samples_per_s": samples.get(key, np.nan) / wall if wall and wall > 0 else np.nan,
             "step_p50_s": q.loc[key, 0.5] if has_q else np.nan, "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
@@ -113,12 +118,18 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
         })  # fmt: skip
     for run in rs.left_out.to_dict("records"):
         launch = dict(zip(LAUNCH, _launch(run), strict=True))
-        rows.append({**{c: run.get(c) for c in ("run_key", "run_id", "backend")}, **launch,
-                     **{c: run.get(c) for c in (*SETUP, "status", "error")}})  # fmt: skip
+        rows.append({**{c: run.get(c) for c in ("run_key", "run_id", "backend", "variant")}, **launch,
+                     **{c: run.get(c) for c in (*SETUP, "status", "error", *PLAN)}})  # fmt: skip
     per_run = pd.DataFrame(rows)
     if len(per_run):
         per_run["backend"] = _split_launchers(per_run)
     return per_run
+
+
+def backend_labels(rows: pd.DataFrame) -> pd.Series:
+    """`backend`, or `backend (launcher)` / `backend (controller)` where a backend's runs in one setup come
+    from several launchers (rows need `backend`, `launcher`, `controller` and the setup columns)."""
+    return _split_launchers(rows)
 
 
 def _final_losses(loss: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -198,6 +209,8 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
         for backend in order:
             mine, all_mine = ok[ok.backend == backend], group[group.backend == backend]
             row: dict = {**setup, "backend": backend, "runs_ok": len(mine), "runs_failed": len(all_mine) - len(mine)}
+            # The variant and its launch, where known: one of each per row, since launchers are never pooled.
+            row.update({c: all_mine[c].iloc[0] for c in ("variant", *LAUNCH) if c in all_mine})
             failed = all_mine[all_mine.status != "completed"]
             if len(failed) and "run_key" in failed:  # without the run's directory there is nothing to point at
                 error = failed["error"].iloc[0] if "error" in failed else None
@@ -224,40 +237,89 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
-    """Speed-up and efficiency of each backend against its own 1-rank runs, per world size.
+SCALING_COLUMNS = ["workload", "variant", "backend", "scaling", "world_size", "global_batch", "runs", "samples_per_s",
+                   "ci_low", "ci_high", "speedup", "speedup_low", "speedup_high", "efficiency", "efficiency_low",
+                   "efficiency_high", "vs_single", "vs_single_low", "vs_single_high", "oversubscribed",
+                   "note"]  # fmt: skip
 
-    `single` is its own backend, so it is its own row, never a baseline for the others; a backend
-    without 1-rank runs gets no speed-up (`note` says so). A backend run under several launchers gets
-    a row per launcher, each against its own 1-rank runs. Empty (no rows, no note) unless some backend
-    has completed runs of one workload at two or more world sizes.
+
+def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Throughput per world size of each variant, and its scaling efficiency T(n) / (n × T(1)).
+
+    T(1) is the same variant's own 1-rank runs (`efficiency`, with `speedup` = T(n) / T(1)) and, where
+    there are any, `single`'s runs of the same per-rank work (`vs_single`). A variant's runs scale
+    together when they share the workload, the scaling mode and the batch of one rank at 1 rank: the
+    per-rank batch in weak scaling (compare's default), the global batch in strong (`--global-batch`).
+    Intervals: throughput's is the t-interval on log throughput; a ratio of two sets of runs gets a Welch
+    interval on log throughput (`stats.ratio_ci`), divided by n for an efficiency; none from < 3 runs.
+    `oversubscribed` marks world sizes with more ranks than cores: they measure time-slicing, not scaling.
+    Empty unless some variant has completed runs of one workload at two or more world sizes.
     """
-    columns = ["workload", "backend", "world_size", "runs", "samples_per_s", "speedup", "speedup_low",
-               "speedup_high", "efficiency", "note"]  # fmt: skip
-    ok = per_run[per_run.status == "completed"]
-    if not len(ok):
-        return pd.DataFrame(columns=columns)
-    # per_run names a launcher per setup; across world sizes a backend's launchers are told apart again.
-    name = ok["backend"].astype(str).str.split(" (", n=1, regex=False).str[0]
-    if all(c in ok for c in LAUNCH):
-        name = _split_launchers(ok.assign(backend=name, global_batch=0, world_size=0))
-    ok = ok.assign(backend=name)
-    if ok.groupby(["workload", "backend"], dropna=False)["world_size"].nunique().max() < 2:
-        return pd.DataFrame(columns=columns)
+    ok = per_run[(per_run.status == "completed")] if "status" in per_run else per_run.iloc[:0]
+    if not len(ok) or "samples_per_s" not in ok:
+        return pd.DataFrame(columns=SCALING_COLUMNS)
+    backend = ok["backend"].astype(str).str.split(" (", n=1, regex=False).str[0]
+    variant = ok["variant"] if "variant" in ok else pd.Series(np.nan, index=ok.index)
+    mode = ok["scaling"] if "scaling" in ok else pd.Series(np.nan, index=ok.index)
+    mode = mode.where(mode.isin(["weak", "strong"]), "weak")
+    # Runs outside a comparison: the backend name with its launcher split, as in the other tables.
+    labelled = backend_labels(ok.assign(backend=backend, global_batch=0, world_size=0)) if "launcher" in ok else backend
+    ok = ok.assign(backend=backend, variant=variant.fillna(labelled).astype(str), scaling=mode)
+    # The global batch of one rank at world size 1: what the 1-rank baselines must have trained on.
+    ok = ok.assign(base_batch=np.where(ok.scaling == "strong", ok.global_batch, ok.global_batch / ok.world_size))
+    one = ok.backend.isin(ONE_PROCESS)
+    keys = ["workload", "variant", "scaling", "base_batch"]
+    spans = ok[~one].groupby(keys, sort=False, dropna=False)["world_size"].nunique()
+    if not len(spans) or spans.max() < 2:
+        return pd.DataFrame(columns=SCALING_COLUMNS)
+    singles = ok[one & (ok.world_size == 1)]
     rows = []
-    for (workload, backend), mine in ok.groupby(["workload", "backend"], sort=False, dropna=False):
+    for (workload, name, scaling_mode, base_batch), mine in ok[~one].groupby(keys, sort=False, dropna=False):
+        if mine.world_size.nunique() < 2:
+            continue
         base = mine[mine.world_size == 1]["samples_per_s"]
+        single = singles[(singles.workload == workload) & (singles.global_batch == base_batch)]["samples_per_s"]
         for world, runs in mine.groupby("world_size"):
-            speedup, lo, hi = stats.ratio_ci(runs["samples_per_s"], base) if len(base) else (np.nan,) * 3
-            note = "" if len(base) else f"no 1-rank {backend} run to compare with"
-            if len(base) and np.isnan(lo):
-                note = stats.no_interval_reason(min(len(runs), len(base)))
+            n, throughput = int(world), runs["samples_per_s"]
+            mean, lo, hi = stats.log_ci(throughput)
+            speedup, slo, shi = stats.ratio_ci(throughput, base) if len(base) else (np.nan,) * 3
+            vs, vlo, vhi = stats.ratio_ci(throughput, single) if len(single) else (np.nan,) * 3
+            over = bool(runs["oversubscribed"].fillna(False).astype(bool).any()) if "oversubscribed" in runs else False
+            notes = [] if len(base) else [f"no 1-rank {name} run to compare with"]
+            if len(base) and np.isnan(slo):
+                notes.append(stats.no_interval_reason(min(stats.usable(throughput), stats.usable(base))))
+            if over:
+                notes.append("oversubscribed: more ranks than cores, measures time-slicing, not scaling")
             rows.append({
-                "workload": workload, "backend": backend, "world_size": int(world), "runs": len(runs),
-                "samples_per_s": stats.log_ci(runs["samples_per_s"])[0], "speedup": speedup, "speedup_low": lo,
-                "speedup_high": hi, "efficiency": speedup / world, "note": note,
+                "workload": workload, "variant": name, "backend": runs.backend.iloc[0], "scaling": scaling_mode,
+                "world_size": n, "global_batch": runs.global_batch.iloc[0], "runs": len(runs),
+                "samples_per_s": mean, "ci_low": lo, "ci_high": hi,
+                "speedup": speedup, "speedup_low": slo, "speedup_high": shi,
+                "efficiency": speedup / n, "efficiency_low": slo / n, "efficiency_high": shi / n,
+                "vs_single": vs / n, "vs_single_low": vlo / n, "vs_single_high": vhi / n,
+                "oversubscribed": over, "note": "; ".join(n_ for n_ in notes if n_),
             })  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=SCALING_COLUMNS)
+
+
+def format_scaling(table: pd.DataFrame) -> str:
+    """The scaling table for the terminal: throughput and efficiency per variant and world size."""
+    width = max([10, *(len(str(v)) for v in table.variant)])
+    lines = [
+        "scaling (efficiency = T(n) / (n × T(1)), against the variant's own 1-rank runs and against single):",
+        f"{'variant':<{width}} {'ranks':>5} {'samples/s (95% CI)':>26} {'efficiency (95% CI)':>22} "
+        f"{'vs single (95% CI)':>22}",
+    ]
+    for row in table.to_dict("records"):
+        sps = _interval(row["samples_per_s"], row["ci_low"], row["ci_high"], row["runs"])
+        eff = _interval(row["efficiency"], row["efficiency_low"], row["efficiency_high"], None)
+        vs = _interval(row["vs_single"], row["vs_single_low"], row["vs_single_high"], None)
+        mark = "  oversubscribed" if row["oversubscribed"] else ""
+        lines.append(f"{row['variant']:<{width}} {row['world_size']:>5} {sps:>26} {eff:>22} {vs:>22}{mark}")
+    modes = " and ".join(dict.fromkeys(table.scaling))
+    over = "; oversubscribed: more ranks than cores, so time-slicing, not scaling" if table.oversubscribed.any() else ""
+    lines.append(f"{modes} scaling; intervals as above (ratios: Welch on log throughput, ÷ ranks){over}.")
+    return "\n".join(lines)
 
 
 def _interval(value: float, lo: float, hi: float, n: int | None, base: bool = False) -> str:

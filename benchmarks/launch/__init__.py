@@ -18,6 +18,9 @@ HOROVODRUN = "horovodrun"
 SRUN = "srun"
 PYTHON = "python"
 LAUNCHERS = (TORCHRUN, MPIRUN, HOROVODRUN, SRUN, PYTHON)
+HOROVODRUN_MPI = "horovodrun --mpi"
+"""In a backend's `launchers`: horovodrun with its MPI controller only, which starts the ranks through mpirun
+and so offers mpirun's rendezvous (HOROVODRUN accepts either controller)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,9 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             master_port=_int(env, "MASTER_PORT", 29500),
         )
     # horovodrun --gloo sets HOROVOD_RANK & co. horovodrun --mpi runs mpirun and sets no HOROVOD_*
-    # variable; it is told apart from a plain mpirun by the interface pins it exports to every rank.
+    # variable; it is told apart from a plain mpirun by the interface pins it exports to every rank. A cluster's
+    # plain mpirun may export both too: it is then recorded as horovodrun (detail mpi), which every backend that
+    # runs under mpirun accepts (`accepts`), so the guess can mislabel a run but never refuse one.
     if "HOROVOD_RANK" in env:
         return LaunchInfo(
             launcher=HOROVODRUN,
@@ -143,11 +148,24 @@ def _local_tasks(env: Mapping[str, str]) -> int:
     return int(match.group(0)) if match else 1
 
 
+def uses_mpi(info: LaunchInfo) -> bool:
+    """The ranks were started by an MPI launcher (mpirun, mpiexec, horovodrun --mpi): MPI can carry the rendezvous."""
+    return info.launcher == MPIRUN or info.detail == "mpi"
+
+
+def accepts(supported: tuple[str, ...], info: LaunchInfo) -> bool:
+    """Whether a backend whose `launchers` are `supported` can run under the launcher that started `info`."""
+    if info.launcher in supported:
+        return True
+    return info.launcher == HOROVODRUN and info.detail == "mpi" and HOROVODRUN_MPI in supported
+
+
 def check_supported(backend: str, supported: tuple[str, ...], info: LaunchInfo) -> None:
     """Stop before any work when a backend is started under a launcher it cannot use."""
-    if info.launcher not in supported:
+    if not accepts(supported, info):
+        started = f"{info.launcher} --{info.detail}" if info.launcher == HOROVODRUN and info.detail else info.launcher
         raise WrongLauncherError(
-            f"backend '{backend}' cannot run under {info.launcher}; launch it with one of: {', '.join(supported)}"
+            f"backend '{backend}' cannot run under {started}; launch it with one of: {', '.join(supported)}"
         )
 
 

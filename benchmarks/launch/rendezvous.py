@@ -1,7 +1,8 @@
 """Rendezvous for torch.distributed: where rank 0 listens, whatever launcher started the job.
 
-torchrun and srun say it in the environment (`LaunchInfo.master_addr/port`); under mpirun rank 0
-picks its address and a free port and tells the others over MPI; a lone python process needs no peer.
+torchrun and srun say it in the environment (`LaunchInfo.master_addr/port`); under mpirun (or horovodrun
+--mpi, which runs mpirun) rank 0 picks its address and a free port and tells the others over MPI; a lone
+python process needs no peer.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from benchmarks.launch import MPIRUN, LaunchInfo
+from benchmarks.launch import LaunchInfo, uses_mpi
 
 
 def free_port() -> int:
@@ -31,7 +32,7 @@ def share_rendezvous_over_mpi() -> tuple[str, int]:
 
 def endpoint(info: LaunchInfo) -> tuple[str, int]:
     """The tcp:// address and port every rank of this job uses to form a process group."""
-    if info.launcher == MPIRUN:
+    if uses_mpi(info):
         return share_rendezvous_over_mpi()
     if info.master_addr is None:  # plain python: a one-process group
         return "127.0.0.1", free_port()

@@ -1,8 +1,9 @@
-"""`distbench compare`: the same workload over several backends, each under a real launcher.
+"""`distbench compare`: the same workload over several variants (backend × launcher), each under a real launcher.
 
-Runs are interleaved (ddp, horovod, ddp, horovod, …) so drift in machine speed hits both alike.
-The launchers are the engines: torchrun for ddp and horovodrun for horovod by default, or mpirun
-for both (`--launcher mpirun`). One failing backend does not stop the others; the exit code does.
+Runs are interleaved (ddp, horovod, ddp, horovod, …, and every world size of `--nproc 1,2,4` in turn) so
+drift in machine speed hits all alike. Variants name the launcher: `ddp@torchrun`, `horovod@gloo`
+(horovodrun --gloo), `horovod@mpi` (horovodrun --mpi), … (`variants`). One failing variant does not stop
+the others; the exit code says it.
 
 This module is imported by the parser of every `distbench` process, ranks included, so it imports
 neither torch nor the analysis stack (pandas, scipy, matplotlib) at module level.
@@ -23,18 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import config, launch
+from benchmarks import config
 from benchmarks.config import InputError, RunConfig
 from benchmarks.run import workloads
+from benchmarks.suite import variants
+from benchmarks.suite.variants import Variant
 
-DEFAULT_LAUNCHER = {"ddp": launch.TORCHRUN, "horovod": launch.HOROVODRUN, "single": launch.PYTHON}
-FORCEABLE_LAUNCHERS = (launch.TORCHRUN, launch.HOROVODRUN, launch.MPIRUN)
 # The embedded default, used only when no --workload is given: a communication-heavy model (so the
 # two frameworks' allreduce strategies differ) in one epoch of 80 timed steps. Launcher start-up,
 # imports and the report cost ~7 s per run whatever the length, so a run must be this long for over a
 # third of a compare's wall time to be measured (README: "where a compare's time goes").
 PRESET: dict[str, Any] = {"workload": "transformer", "epochs": 1, "steps_per_epoch": 85, "train_size": 4096,
                           "val_size": 128}  # fmt: skip
+WEAK, STRONG = "weak", "strong"
+DEFAULT_TIME = "about 2 minutes"
 
 
 def _flags(options: dict[str, Any]) -> str:
@@ -45,20 +48,38 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
     """compare's own options; call after the run options are added, whose preset defaults it rewrites."""
     rest = {k: v for k, v in PRESET.items() if k != "workload"}
     cmp.description = (
-        f"With no options: DDP vs Horovod on {PRESET['workload']} (a small GPT), 2 ranks, 3 interleaved repeats, "
-        f"about 70–80 s on 2 cores. Without --workload the run options default to {_flags(rest)} and the "
+        f"With no options: DDP (torchrun) vs Horovod under its Gloo and its MPI controller on {PRESET['workload']} "
+        f"(a small GPT), 2 ranks, 3 interleaved repeats, {DEFAULT_TIME} on 2 cores. Without --workload the run "
+        f"options default to {_flags(rest)} and the "
         "transformer's own --lr and --batch-size; with --workload W they default to run's and W's own. "
         "compare prints the options in effect before it starts."
     )
-    cmp.add_argument("--backends", default="ddp,horovod", help="comma-separated backends (default: ddp,horovod)")
-    cmp.add_argument("--nproc", type=int, default=2, help="ranks per backend (default: 2)")
-    cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats per backend (default: 3)")
+    cmp.add_argument(
+        "--backends",
+        default=None,
+        help=f"comma-separated variants BACKEND[@LAUNCHER]: {variants.valid_names()} "
+        f"(default: {variants.DEFAULT}; with --launcher: {variants.DEFAULT_WITH_LAUNCHER})",
+    )
+    cmp.add_argument(
+        "--nproc",
+        default="2",
+        help="ranks per variant, or a comma-separated list of world sizes for a scaling study, e.g. 1,2,4 (default: 2)",
+    )
+    cmp.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="strong scaling: keep this global batch at every world size (per-rank batch = G ÷ (ranks × "
+        "--accumulate), which must divide); not with --batch-size (default: weak scaling, a fixed per-rank batch)",
+    )
+    cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats per variant (default: 3)")
     cmp.add_argument(
         "--launcher",
-        choices=FORCEABLE_LAUNCHERS,
+        choices=variants.FORCEABLE_LAUNCHERS,
         default=None,
-        help="one launcher for every backend but single, which runs under python "
-        "(default: torchrun for ddp, horovodrun for horovod)",
+        help="the launcher of every bare backend name in --backends (ddp: torchrun or mpirun; horovod: horovodrun "
+        "--gloo or mpirun); a BACKEND@LAUNCHER variant keeps its own, and single always runs under python "
+        f"(default: {', '.join(f'{b} → {v}' for b, v in variants.BARE.items())})",
     )
     # None = "not given": the preset fills these only when --workload is not given either.
     cmp.set_defaults(**dict.fromkeys(PRESET))
@@ -97,33 +118,70 @@ def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
     return dataclasses.replace(cfg, batch_size=cfg.batch_size * nproc)
 
 
-def launcher_for(backend: str, launcher: str | None) -> str:
-    """The launcher a backend's runs start under: a one-process backend always under python."""
-    return launch.PYTHON if backend in backends.ONE_PROCESS else launcher or DEFAULT_LAUNCHER[backend]
+@dataclass
+class Job:
+    """One variant at one world size: what each of its repeats runs."""
+
+    variant: Variant
+    nproc: int
+    """The compare's world size this job stands for (a one-process variant still starts one process)."""
+    cfg: RunConfig
+    """The run options this job's processes get (its per-rank batch already worked out)."""
+    knobs: list[str]
+    """The variant's own backend options (--bucket-cap-mb 5, …), after the run options."""
+    threads: int
+    """OMP_NUM_THREADS for its launcher: the same for every variant at one world size."""
+    run_prefix: str
+    """Its runs are <run_prefix>-r<repeat>."""
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.variant.backend in backends.ONE_PROCESS else self.nproc
+
+    def command(self, root: Path, run_id: str) -> list[str]:
+        plain = config.to_argv(dataclasses.replace(self.cfg, out=RunConfig.out, run_id=None))
+        return [*variants.launcher_command(self.variant, self.ranks), "run", "--backend", self.variant.backend,
+                *plain, *self.knobs, "--out", str(root), "--run-id", run_id]  # fmt: skip
 
 
-def check_launchers(names: list[str], launcher: str | None) -> None:
-    """Refuse, before anything starts, a backend the chosen launcher cannot start."""
-    accepts = {name: backends.get(name).launchers for name in names}
-    for name, supported in accepts.items():
-        chosen = launcher_for(name, launcher)
-        if chosen not in supported:
-            many = [s for b, s in accepts.items() if b not in backends.ONE_PROCESS]
-            common = [x for x in FORCEABLE_LAUNCHERS if all(x in s for s in many)]
-            fix = f"use --launcher {' or '.join(common)}" if common else "compare them in separate commands"
-            raise InputError(
-                f"backend '{name}' cannot run under {chosen} (it runs under {', '.join(supported)}); "
-                f"leave out --launcher for each backend's own, or {fix}"
-            )
+def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_batch: int | None,
+             knobs: dict[str, list[str]], threads: int | None = None) -> list[Job]:  # fmt: skip
+    """One job per world size and variant, in the order they interleave. Weak scaling (no `global_batch`)
+    keeps cfg's per-rank batch; strong gives each world size global_batch ÷ (ranks × accumulate) per rank.
+    A one-process variant gets the whole global batch, so it trains on the samples the others do."""
+    batches = variants.per_rank_batches(global_batch, sizes, cfg.accumulate) if global_batch else {}
+    jobs = []
+    for n in sizes:
+        at_n = dataclasses.replace(cfg, batch_size=batches.get(n, cfg.batch_size))
+        for v in chosen:
+            mine = one_process(at_n, n) if v.backend in backends.ONE_PROCESS else at_n
+            prefix = v.slug if len(sizes) == 1 else f"{v.slug}-w{n}"
+            jobs.append(Job(v, n, mine, knobs.get(v.backend, []), threads or default_threads(n), prefix))
+    return jobs
 
 
-def describe(cfg: RunConfig, preset: bool, names: list[str], launcher: str | None, nproc: int,
-             repeats: int, threads: int, knobs: dict[str, list[str]] | None = None) -> str:  # fmt: skip
-    """The start-up lines: what will run, with every option that matters spelt out (`knobs`: each
-    backend's own options that differ from their defaults)."""
-    variants = ", ".join(f"{n} ({launcher_for(n, launcher)})" for n in names)
-    single = [f"{n}: 1 rank of batch {cfg.batch_size * nproc}" for n in names if n in backends.ONE_PROCESS]
-    ranks = f"{nproc} ranks per backend" + (f" ({', '.join(single)})" if single else "")
+def default_threads(local_ranks: int) -> int:
+    """The harness's rule (cores ÷ local ranks), without importing torch here."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+
+
+def describe(cfg: RunConfig, preset: bool, jobs: list[Job], repeats: int, global_batch: int | None = None) -> str:
+    """The start-up lines: what will run, with every option that matters spelt out (each variant's own
+    backend options that differ from their defaults included)."""
+    chosen = list(dict.fromkeys(j.variant for j in jobs))
+    sizes = list(dict.fromkeys(j.nproc for j in jobs))
+    names = ", ".join(f"{v.given or v.name} ({v.launch_words()})" for v in chosen)
+    single = [f"{j.variant.name}: 1 rank of batch {j.cfg.batch_size}" for j in jobs if j.ranks != j.nproc]
+    world = f"{sizes[0]} ranks" if len(sizes) == 1 else f"{', '.join(map(str, sizes))} ranks"
+    ranks = f"{world} per variant" + (f" ({', '.join(single)})" if single else "")
+    threads = dict.fromkeys(j.threads for j in jobs)
+    omp = f"{next(iter(threads))}" if len(threads) == 1 else ", ".join(f"{j.threads} at {j.nproc}" for j in jobs
+                                                                       if j.variant == chosen[0])  # fmt: skip
+    if global_batch:
+        per_rank = ", ".join(f"{j.cfg.batch_size} at {j.nproc}" for j in jobs if j.variant == chosen[0])
+        batch = f"strong scaling: --global-batch {global_batch}, per rank {per_rank}"
+    else:
+        batch = f"--batch-size {cfg.batch_size} per rank" + (" (weak scaling)" if len(sizes) > 1 else "")
     where = (
         "compare's default; give --workload for a workload's own"
         if preset
@@ -134,19 +192,24 @@ def describe(cfg: RunConfig, preset: bool, names: list[str], launcher: str | Non
     shown = ("workload", "epochs", "steps_per_epoch", "warmup_steps", "batch_size", "lr", "train_size", "val_size")
     plain = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in (*shown, "out", "run_id")}
     others = config.to_argv(dataclasses.replace(cfg, **plain))
+    knobs = {j.variant.name: j.knobs for j in jobs}
     return (
-        f"distbench compare: {variants}; {ranks}, {repeats} repeat{'s' * (repeats != 1)} interleaved, "
-        f"OMP_NUM_THREADS={threads}\n"
+        f"distbench compare: {names}; {ranks}, {repeats} repeat{'s' * (repeats != 1)} interleaved, "
+        f"OMP_NUM_THREADS={omp}\n"
         f"  {cfg.workload} ({where}): --epochs {cfg.epochs}, {steps}, --warmup-steps {cfg.warmup_steps}, "
-        f"--batch-size {cfg.batch_size} per rank, --lr {cfg.lr}, --train-size {train}, --val-size {cfg.val_size}"
+        f"{batch}, --lr {cfg.lr}, --train-size {train}, --val-size {cfg.val_size}"
         + (f"; also {' '.join(others)}" if others else "")
-        + "".join(f"\n  {name} only: {' '.join(argv)}" for name, argv in (knobs or {}).items() if argv)
+        + "".join(f"\n  {name} only: {' '.join(argv)}" for name, argv in knobs.items() if argv)
     )
 
 
 @dataclass
 class Attempt:
+    variant: str
     backend: str
+    nproc: int
+    batch_size: int
+    """Per-rank micro-batch the run was given."""
     repeat: int
     run_id: str
     command: list[str]
@@ -155,23 +218,6 @@ class Attempt:
     """The whole job: launcher, start-up, training, validation, exit."""
     timed_wall_s: float = float("nan")
     """The run's timed window (run.json, read by `write_comparison`), NaN if it recorded none."""
-
-
-def launcher_command(backend: str, launcher: str | None, nproc: int) -> list[str]:
-    """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` under a launcher."""
-    bin_dir = Path(sys.executable).parent
-    module = [sys.executable, "-m", "benchmarks.cli"]
-    chosen = launcher_for(backend, launcher)
-    if chosen == launch.PYTHON:
-        return module
-    if chosen == launch.TORCHRUN:
-        return [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "benchmarks.cli"]
-    if chosen == launch.HOROVODRUN:
-        return [str(bin_dir / "horovodrun"), "-np", str(nproc), "--gloo", *module]
-    if chosen == launch.MPIRUN:
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        return ["mpirun", "-np", str(nproc), "--oversubscribe", *root, *module]
-    raise ValueError(f"--launcher must be one of {', '.join(FORCEABLE_LAUNCHERS)}, not {chosen!r}")
 
 
 def new_compare_id() -> str:
@@ -190,54 +236,58 @@ def make_compare_dir(out: Path, compare_id: str | None) -> Path:
     return root
 
 
-def compare(
-    backends: list[str],
-    nproc: int,
-    repeats: int,
-    launcher: str | None,
-    run_argv: dict[str, list[str]],
-    root: Path,
-    threads: int,
-    started: float | None = None,
-) -> int:
-    """Run every (repeat, backend) into `root`, write comparison.csv, print the table; 0 only if all succeeded.
-
-    `run_argv[backend]` is the `run` options that backend's runs get; `started` is when the command
-    started (`time.perf_counter()`), so the checks before the jobs count in the wall time.
-    """
+def run_jobs(jobs: list[Job], repeats: int, root: Path, label: str = "compare") -> list[Attempt]:
+    """Every (repeat, job) into `root`, interleaved; a failing job is recorded and the others still run."""
     from benchmarks.run import recorder as results
 
-    first_job = time.perf_counter()
-    started = first_job if started is None else started
-    # The same OpenMP setting under every launcher (torchrun alone would force 1).
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    attempts = []
-    total = repeats * len(backends)
+    attempts: list[Attempt] = []
+    total = repeats * len(jobs)
     for repeat in range(repeats):
-        for backend in backends:
-            run_id = f"{backend}-r{repeat}"
-            cmd = [*launcher_command(backend, launcher, nproc), "run", "--backend", backend, *run_argv[backend],
-                   "--out", str(root), "--run-id", run_id]  # fmt: skip
-            attempt = Attempt(backend, repeat, run_id, cmd)
-            print(
-                f"[compare {len(attempts) + 1}/{total}] {backend} repeat {repeat + 1}/{repeats}: {' '.join(cmd[:4])} …",
-                file=sys.stderr,
-                flush=True,
-            )
+        for job in jobs:
+            run_id = f"{job.run_prefix}-r{repeat}"
+            cmd = job.command(root, run_id)
+            name = job.variant.given or job.variant.name
+            at = f" ×{job.nproc}" if len({j.nproc for j in jobs}) > 1 else ""
+            assert job.cfg.batch_size is not None
+            attempt = Attempt(job.variant.name, job.variant.backend, job.nproc, job.cfg.batch_size, repeat, run_id, cmd)
+            print(f"[{label} {len(attempts) + 1}/{total}] {name}{at} repeat {repeat + 1}/{repeats}: "
+                  f"{' '.join(cmd[:4])} …", file=sys.stderr, flush=True)  # fmt: skip
+            # The same OpenMP setting under every launcher at one world size (torchrun alone would force 1).
+            env = {**os.environ, "OMP_NUM_THREADS": str(job.threads)}
             t0 = time.perf_counter()
             try:
                 attempt.returncode = subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env).returncode
             except FileNotFoundError as exc:
-                print(f"[compare] cannot start {backend}: {exc}", file=sys.stderr)
+                print(f"[{label}] cannot start {name}: {exc}", file=sys.stderr)
                 attempt.returncode = 127
             attempt.job_wall_s = time.perf_counter() - t0
             results.mark_abandoned(root / run_id, f"the job exited {attempt.returncode} before the run completed")
             if attempt.returncode:
-                print(f"[compare] {backend} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
+                print(f"[{label}] {name}{at} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
             attempts.append(attempt)
+    return attempts
+
+
+def compare(jobs: list[Job], repeats: int, root: Path, scaling: str = WEAK, started: float | None = None) -> int:
+    """Run every (repeat, job) into `root`, write comparison.csv, print the tables; 0 only if all succeeded.
+
+    `started` is when the command started (`time.perf_counter()`), so the checks before the jobs count
+    in the wall time.
+    """
+    first_job = time.perf_counter()
+    started = first_job if started is None else started
+    attempts = run_jobs(jobs, repeats, root)
     t0 = time.perf_counter()
     phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
-    print(write_comparison(root, attempts))
+    print(write_comparison(root, attempts, jobs, scaling))
+    write_report(root)
+    phases["table and report"] = time.perf_counter() - t0
+    print(time_line(attempts, phases, time.perf_counter() - started))
+    print(root)
+    return 0 if all(a.returncode == 0 for a in attempts) else 1
+
+
+def write_report(root: Path) -> None:
     try:
         from benchmarks.analysis import report
 
@@ -245,10 +295,6 @@ def compare(
         print(f"report: {root / 'report' / 'report.html'}")
     except FileNotFoundError as exc:  # no run completed: nothing to plot
         print(f"[compare] no report: {exc}", file=sys.stderr)
-    phases["table and report"] = time.perf_counter() - t0
-    print(time_line(attempts, phases, time.perf_counter() - started))
-    print(root)
-    return 0 if all(a.returncode == 0 for a in attempts) else 1
 
 
 def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) -> str:
@@ -259,13 +305,15 @@ def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) 
     return f"time: {timed:.1f} s of {wall_s:.1f} s wall inside timed windows ({share:.0%}); {spent}"
 
 
-COMPARISON_COLUMNS = ["backend", "repeat", "run_id", "status", "returncode", "command", "world_size", "samples_per_s",
-                      "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss", "job_wall_s",
-                      "timed_wall_s"]  # fmt: skip
+COMPARISON_COLUMNS = ["variant", "backend", "launcher", "controller", "scaling", "nproc", "world_size", "batch_size",
+                      "global_batch", "oversubscribed", "repeat", "run_id", "status", "returncode", "command",
+                      "samples_per_s", "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
+                      "job_wall_s", "timed_wall_s"]  # fmt: skip
 
 
-def write_comparison(root: Path, attempts: list[Attempt]) -> str:
-    """comparison.csv (one row per run, failures included) and the terminal table."""
+def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str) -> tuple[Any, Any]:
+    """One row per attempt (failures included): the run's statistics, what it was asked to be, and what its
+    run.json says it was (launcher, controller). Also the loaded runs, or None when no run directory exists."""
     import pandas as pd
 
     from benchmarks.analysis import load, tables
@@ -274,6 +322,7 @@ def write_comparison(root: Path, attempts: list[Attempt]) -> str:
     rs = load.load_runs(root, include_failed=True) if found else None
     per_run = tables.per_run_stats(rs) if rs is not None else pd.DataFrame(columns=["run_key"])
     by_run = {str(Path(row["run_key"]).resolve()): row for row in per_run.to_dict("records")}
+    planned = {j.variant.name: j.variant for j in jobs}
     rows = []
     for a in attempts:
         run_dir = root / a.run_id
@@ -281,11 +330,68 @@ def write_comparison(root: Path, attempts: list[Attempt]) -> str:
         wall = stats.get("timed_wall_s")
         a.timed_wall_s = float(wall) if isinstance(wall, (int, float)) else float("nan")  # for the time line
         ok = a.returncode == 0 and stats.get("status") == "completed"
+        v = planned[a.variant]
+        # A run that died before writing run.json has no launcher of its own: the planned one stands in.
+        launch = {
+            "launcher": stats.get("launcher") or v.launcher,
+            "controller": stats.get("controller") or v.controller,
+        }
         # Every statistic the analysis has (the table may use more than the CSV keeps), then the attempt's facts.
-        rows.append({"run_key": str(run_dir), **stats, **dataclasses.asdict(a), "command": " ".join(a.command),
-                     "status": "completed" if ok else "failed"})  # fmt: skip
-    full = pd.DataFrame(rows)
+        rows.append({"run_key": str(run_dir), **stats, **dataclasses.asdict(a), **launch, "scaling": scaling,
+                     "command": " ".join(a.command), "status": "completed" if ok else "failed"})  # fmt: skip
+    return pd.DataFrame(rows), rs
+
+
+def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str = WEAK) -> str:
+    """comparison.csv (one row per run, failures included) and the terminal tables."""
+    from benchmarks.analysis import tables
+
+    full, rs = comparison_frame(root, attempts, jobs, scaling)
     full.reindex(columns=COMPARISON_COLUMNS).to_csv(root / "comparison.csv", index=False)
-    table = tables.backend_table(full)
-    agreement = tables.loss_agreement(rs) if rs is not None else float("nan")
-    return tables.format_table(table, agreement)
+    labelled = full.assign(backend=tables.backend_labels(full))  # a backend under two launchers: a row each
+    text = tables.format_table(tables.backend_table(labelled), tables.loss_agreement(rs) if rs is not None else 0.0)
+    scale = tables.scaling(labelled)
+    return text + ("\n\n" + tables.format_scaling(scale) if len(scale) else "")
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
+    """Everything compare checks before it starts a process: the jobs, the compare directory, the scaling mode.
+    Raises InputError (one line) on bad input."""
+    from benchmarks import cli
+
+    cfg, preset = effective_config(args)
+    chosen = variants.parse(args.backends, args.launcher)
+    sizes = variants.parse_nproc(args.nproc)
+    if args.repeats < 1:
+        raise InputError(f"--repeats must be a positive integer, got {args.repeats}")
+    if args.global_batch is not None and args.batch_size is not None:
+        raise InputError("--global-batch sets the per-rank batch (G ÷ ranks); give it or --batch-size, not both")
+    # Each backend gets only its own knobs, so no run warns about another backend's.
+    knobs = {v.backend: config.to_argv(config.from_namespace(backends.get(v.backend).options_type, args))
+             for v in chosen}  # fmt: skip
+    jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads)
+    check_jobs(jobs, cli.validate)
+    root = make_compare_dir(Path(cfg.out), cfg.run_id)
+    print(describe(cfg, preset, jobs, args.repeats, args.global_batch), file=sys.stderr)
+    return jobs, root, STRONG if args.global_batch else WEAK
+
+
+def check_jobs(jobs: list[Job], validate: Any) -> None:
+    """Every job's options, and its workload at its world size, before any process starts."""
+    for job in jobs:
+        validate(job.variant.backend, job.cfg)
+    from benchmarks.run import harness  # imports torch: only past the checks that need none
+
+    for job in {(j.cfg.batch_size, j.ranks): j for j in jobs}.values():
+        harness.load_checked_workload(job.cfg, job.ranks)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`distbench compare`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
+    started = time.perf_counter()
+    try:
+        jobs, root, scaling = prepare(args)
+    except InputError as exc:
+        print(f"distbench: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return compare(jobs, args.repeats, root, scaling, started)

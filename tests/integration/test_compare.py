@@ -68,7 +68,8 @@ def test_the_default_preset_learns_and_reports_its_measured_share(tmp_path) -> N
 
 @pytest.mark.timeout(240)
 def test_compare_survives_a_failing_backend(tmp_path) -> None:
-    cmd = [*COMPARE, "--repeats", "1", "--workload", "mlp", "--steps-per-epoch", "4", "--warmup-steps", "1"]
+    cmd = [*COMPARE, "--backends", "ddp,horovod", "--repeats", "1", "--workload", "mlp", "--steps-per-epoch", "4",
+           "--warmup-steps", "1"]  # fmt: skip
     proc = run_cmd([*cmd, "--out", str(tmp_path / "out"), "--run-id", "cmp"], 200, PYTHONPATH=_shadow_horovod(tmp_path))
     assert proc.returncode != 0, proc.stdout
     comparison = pd.read_csv(tmp_path / "out" / "cmp" / "comparison.csv")
@@ -85,6 +86,7 @@ def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None
     proc = run_ok(cmd, timeout=280)
     comparison = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
     assert list(comparison.backend) == ["ddp", "horovod", "ddp", "horovod"]  # interleaved
+    assert list(comparison.variant) == ["ddp@mpirun", "horovod@mpirun"] * 2  # --launcher: bare names under mpirun
     assert (comparison.status == "completed").all() and (comparison.samples_per_s > 0).all()
     assert {meta_of(tmp_path / "cmp" / r)["launcher"] for r in comparison.run_id} == {"mpirun"}
     assert comparison.command.str.startswith("mpirun -np 2").all()

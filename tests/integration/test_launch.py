@@ -40,6 +40,15 @@ def test_horovodrun_controllers(tmp_path, controller: str, expected: str, horovo
 
 
 @pytest.mark.timeout(180)
+def test_ddp_under_horovodrun_mpi(tmp_path) -> None:
+    """horovodrun --mpi starts the ranks through mpirun: DDP forms its group over MPI's rendezvous."""
+    run_ok([*horovodrun(2, "--mpi"), "run", "--backend", "ddp", *TINY, "--out", str(tmp_path), "--run-id", "r"], 150)
+    meta = meta_of(tmp_path / "r")
+    assert (meta["launcher"], meta["launcher_detail"], meta["world_size"]) == ("horovodrun", "mpi", 2)
+    assert meta["status"] == "completed" and meta["knobs"]["dist_backend"] == "gloo"
+
+
+@pytest.mark.timeout(180)
 def test_ddp_under_srun_environment(tmp_path) -> None:
     """Two ranks started the way srun starts them: only SLURM_* variables say who is who."""
     port = rendezvous.free_port()

@@ -116,19 +116,22 @@ def test_ratio_ci_covers_the_true_ratio(n: int) -> None:
     assert 0.92 <= covered / trials <= 0.98, covered / trials
 
 
-def test_scaling_measures_each_backend_against_its_own_one_rank_runs(tmp_path) -> None:
+def test_scaling_measures_each_variant_against_its_own_one_rank_runs_and_single(tmp_path) -> None:
     one, two = [[1.0, 0.1, 0.1]], [[1.0, 0.1, 0.1], [1.0, 0.1, 0.1]]  # 20 and 40 timed samples
-    make_run(tmp_path, "s1", "single", one, wall=0.1)  # 200/s: fast, and must not be anyone's baseline
+    make_run(tmp_path, "s1", "single", one, wall=0.1)  # 200/s: the single-process baseline, never a variant's own
     make_run(tmp_path, "d1", "ddp", one, wall=0.2)  # 100/s
     make_run(tmp_path, "d2", "ddp", two, wall=40 / 180)  # 180/s
     make_run(tmp_path, "h1", "horovod", one, wall=0.4)  # 50/s
     make_run(tmp_path, "h2", "horovod", two, wall=40 / 95)  # 95/s
     table = tables.scaling(tables.per_run_stats(load.load_runs(tmp_path))).set_index(["backend", "world_size"])
     assert table.loc[("ddp", 2), "speedup"] == pytest.approx(1.8)
-    assert table.loc[("ddp", 2), "efficiency"] == pytest.approx(0.9)
+    assert table.loc[("ddp", 2), "efficiency"] == pytest.approx(0.9)  # 180 / (2 × 100)
+    assert table.loc[("ddp", 2), "vs_single"] == pytest.approx(180 / (2 * 200))
     assert table.loc[("horovod", 2), "speedup"] == pytest.approx(1.9)
-    assert table.loc[("single", 1), "speedup"] == pytest.approx(1.0)  # its own row
+    assert table.loc[("horovod", 1), "efficiency"] == pytest.approx(1.0)
+    assert "single" not in table.index.get_level_values("backend")  # a baseline, not a curve
     assert "no interval" in table.loc[("ddp", 2), "note"]  # one run each: a speed-up without a CI
+    assert set(table.variant) == {"ddp@torchrun", "horovod@torchrun"}  # make_run's launcher
 
 
 def test_loss_agreement(tmp_path) -> None:
@@ -185,6 +188,10 @@ def test_scaling_plot_ticks_are_whole_world_sizes() -> None:
 
     from benchmarks.analysis import figures
 
-    table = pd.DataFrame({"backend": ["ddp"] * 3, "world_size": [1, 2, 4], "efficiency": [1.0, 0.9, 0.7]})
+    table = pd.DataFrame({"variant": ["ddp@torchrun"] * 3, "world_size": [1, 2, 4], "efficiency": [1.0, 0.9, 0.7],
+                          "samples_per_s": [100.0, 180.0, 280.0], "oversubscribed": [False, False, True]})  # fmt: skip
     fig = figures.scaling_figure(table)
-    assert list(fig.axes[0].get_xticks()) == [1, 2, 4]  # matplotlib alone would tick 1.0, 1.5, 2.0, …
+    for ax in fig.axes:  # throughput and efficiency
+        assert list(ax.get_xticks()) == [1, 2, 4]  # matplotlib alone would tick 1.0, 1.5, 2.0, …
+    hollow = [line for line in fig.axes[1].lines if line.get_markerfacecolor() == "white"]
+    assert [list(line.get_xdata()) for line in hollow] == [[4]]  # the oversubscribed point is marked

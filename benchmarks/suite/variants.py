@@ -1,0 +1,144 @@
+"""Variants: a backend under one launcher, `BACKEND[@LAUNCHER]`, the unit `compare` and `tune` run.
+
+Horovod's controller (Gloo or MPI) changes its throughput as much as the framework does, so
+`horovod@gloo` (horovodrun --gloo) and `horovod@mpi` (horovodrun --mpi) are different rows, never pooled.
+Also the world sizes (`--nproc 1,2,4`) and the per-rank batch of weak or strong scaling (`--global-batch`).
+
+Imported by the parser of every `distbench` process, ranks included: no torch, no analysis stack.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from benchmarks import launch
+from benchmarks.config import InputError
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    backend: str
+    launcher: str
+    controller: str = ""
+    """Horovod's controller, as run.json `knobs.controller` records it; '' for the other backends."""
+    given: str = field(default="", compare=False)
+    """How --backends named it: a bare `ddp` keeps the run directories' old names (ddp-r0)."""
+
+    @property
+    def slug(self) -> str:
+        """The variant in a run directory's name, as it was given: ddp, ddp-mpirun, horovod-gloo."""
+        return (self.given or self.name).replace("@", "-")
+
+    def launch_words(self) -> str:
+        """How the variant starts, for the start-up line: `horovodrun --mpi`."""
+        return f"{self.launcher} --{self.controller}" if self.launcher == launch.HOROVODRUN else self.launcher
+
+
+KNOWN = (
+    Variant("ddp@torchrun", "ddp", launch.TORCHRUN),
+    Variant("ddp@mpirun", "ddp", launch.MPIRUN),
+    Variant("horovod@gloo", "horovod", launch.HOROVODRUN, "gloo"),
+    Variant("horovod@mpi", "horovod", launch.HOROVODRUN, "mpi"),
+    Variant("horovod@mpirun", "horovod", launch.MPIRUN, "mpi"),
+    Variant("single", "single", launch.PYTHON),
+)
+BY_NAME = {v.name: v for v in KNOWN}
+DEFAULT = "ddp@torchrun,horovod@gloo,horovod@mpi"
+DEFAULT_WITH_LAUNCHER = "ddp,horovod"
+"""--backends when only --launcher is given: one launcher for both backends, as before variants existed."""
+BARE = {"ddp": "ddp@torchrun", "horovod": "horovod@gloo", "single": "single"}
+"""A bare backend name keeps the launcher compare always gave it."""
+FORCED = {  # --launcher L applied to a bare name
+    ("ddp", launch.TORCHRUN): "ddp@torchrun",
+    ("ddp", launch.MPIRUN): "ddp@mpirun",
+    ("horovod", launch.HOROVODRUN): "horovod@gloo",
+    ("horovod", launch.MPIRUN): "horovod@mpirun",
+}
+FORCEABLE_LAUNCHERS = (launch.TORCHRUN, launch.HOROVODRUN, launch.MPIRUN)
+
+
+def valid_names() -> str:
+    return f"{', '.join(BY_NAME)} (a bare ddp or horovod means {BARE['ddp']} or {BARE['horovod']})"
+
+
+def parse(text: str | None, launcher: str | None = None) -> list[Variant]:
+    """`--backends` as variants, in the order given. `launcher` (--launcher) applies to bare names only;
+    a single-process backend always runs under python."""
+    text = text if text is not None else (DEFAULT_WITH_LAUNCHER if launcher else DEFAULT)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise InputError(f"--backends is empty; give variants from: {valid_names()}")
+    chosen: list[Variant] = []
+    for name in names:
+        if name in BARE and launcher and name != "single":
+            full = FORCED.get((name, launcher))
+            if full is None:
+                mine = [lau for b, lau in FORCED if b == name]
+                raise InputError(
+                    f"backend '{name}' cannot run under {launcher} (compare runs it under {', '.join(mine)}); "
+                    f"leave out --launcher for each backend's own, or name variants: {valid_names()}"
+                )
+        else:
+            full = BARE.get(name, name)
+        if full not in BY_NAME:
+            raise InputError(f"unknown variant '{name}' in --backends; valid: {valid_names()}")
+        variant = replace(BY_NAME[full], given=name)
+        if variant in chosen:
+            raise InputError(f"variant '{full}' is listed twice in --backends; list each once")
+        chosen.append(variant)
+    return chosen
+
+
+def label(backend: str, launcher: str, controller: str = "") -> str:
+    """The variant a run belongs to, from what its run.json recorded; `backend@launcher` for a launch
+    compare does not make (ddp under srun or horovodrun --mpi, horovod under plain python)."""
+    for v in KNOWN:
+        if (v.backend, v.launcher) == (backend, launcher) and (v.controller or "") == (controller or ""):
+            return v.name
+    return backend if backend == "single" else f"{backend}@{launcher or '?'}"
+
+
+def launcher_command(variant: Variant, nproc: int) -> list[str]:
+    """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` under the variant's launcher."""
+    bin_dir = Path(sys.executable).parent
+    module = [sys.executable, "-m", "benchmarks.cli"]
+    if variant.launcher == launch.PYTHON:
+        return module
+    if variant.launcher == launch.TORCHRUN:
+        return [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "benchmarks.cli"]
+    if variant.launcher == launch.HOROVODRUN:  # --mpi: horovodrun adds --allow-run-as-root and -H localhost:N
+        return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *module]
+    if variant.launcher == launch.MPIRUN:
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return ["mpirun", "-np", str(nproc), "--oversubscribe", *root, *module]
+    raise ValueError(f"no launch command for {variant.name}")
+
+
+def parse_nproc(text: str) -> list[int]:
+    """`--nproc 1,2,4`: distinct positive world sizes, in the order given."""
+    try:
+        sizes = [int(n) for n in str(text).split(",") if n.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise InputError(f"--nproc takes positive integers separated by commas, e.g. 1,2,4; got {text!r}")
+    if len(set(sizes)) != len(sizes):
+        raise InputError(f"--nproc {text} lists a world size twice; list each once")
+    return sizes
+
+
+def per_rank_batches(global_batch: int, sizes: list[int], accumulate: int) -> dict[int, int]:
+    """Strong scaling: per world size, the per-rank micro-batch that keeps the global batch at `global_batch`."""
+    need = math.lcm(*sizes) * accumulate
+    for n in sizes:
+        if global_batch < 1 or global_batch % (n * accumulate):
+            raise InputError(
+                f"--global-batch {global_batch} does not divide into {n} rank(s) × --accumulate {accumulate} "
+                f"(per-rank batch = global batch ÷ (ranks × accumulate)); give a multiple of {need}"
+            )
+    return {n: global_batch // (n * accumulate) for n in sizes}
