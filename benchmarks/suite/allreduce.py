@@ -1,13 +1,362 @@
-"""`distbench allreduce`: placeholder, being written (issue 10)."""
+"""`distbench allreduce`: allreduce time and bandwidth by message size, in the manner of nccl-tests / OSU.
+
+Under a launcher, one implementation (`--impl torch|horovod|mpi4py`) sweeps the sizes and rank 0 writes
+`allreduce.csv` and `run.json` into its own run directory (the rank side is `benchmarks.run.collectives`).
+`--compare` starts each implementation under its own launcher, like `distbench compare` does for
+training runs, then writes one combined CSV and a log-log bandwidth plot.
+
+This module is imported by the parser of every `distbench` process, ranks included, so it imports
+neither torch nor the analysis stack (pandas, scipy, matplotlib) at module level.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import launch
+from benchmarks.config import InputError
+from benchmarks.suite import compare as training_compare
+from benchmarks.suite import variants
+
+IMPLS = ("torch", "horovod", "mpi4py")
+DTYPES = {"float32": 4, "float16": 2}
+DEFAULT_SIZES = "4-256M"
+DEFAULT_OUT = "results/allreduce"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# What each implementation can be started under. mpi4py needs MPI, which horovodrun gives only with --mpi.
+LAUNCHERS = {
+    "torch": (launch.TORCHRUN, launch.MPIRUN, launch.SRUN, launch.PYTHON),
+    "horovod": (launch.HOROVODRUN, launch.MPIRUN, launch.PYTHON),
+    "mpi4py": (launch.MPIRUN, launch.HOROVODRUN, launch.PYTHON),
+}
+# --compare: implementation → (--impl, launcher); the name is the impl column and the run directory.
+VARIANTS = {
+    "torch": ("torch", launch.TORCHRUN),
+    "horovod-gloo": ("horovod", "horovodrun --gloo"),
+    "horovod-mpi": ("horovod", "horovodrun --mpi"),
+    "mpi4py": ("mpi4py", launch.MPIRUN),
+}
+
+
+@dataclass
+class Options:
+    """One implementation's sweep, as the rank side gets it (recorded in run.json `config`)."""
+
+    impl: str
+    sizes: list[int]
+    dtype: str = "float32"
+    iters: int | None = None
+    warmup: int | None = None
+    device: str = "cpu"
+    threads: int | None = None
+    out: str = DEFAULT_OUT
+    run_id: str | None = None
+    overwrite: bool = False
+    timeout: float = 300.0
+    quiet: bool = False
+    inject_wrong_result: bool = False
+
+
+def parse_size(text: str) -> int:
+    """'4', '1K', '64M', '1GiB', '256MB' → bytes (binary units: K = 1024)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise ValueError(f"'{text}' is not a size; write bytes with an optional K, M or G, e.g. 4, 1K, 64M")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1K,1M,64M' → those sizes; 'A-B' → every power-of-two multiple of A up to B. Sorted, no duplicates."""
+    sizes: set[int] = set()
+    for item in (part for part in text.split(",") if part.strip()):
+        low, sep, high = item.partition("-")
+        first = parse_size(low)
+        last = parse_size(high) if sep else first
+        if first < 1 or last < first:
+            raise ValueError(f"'{item.strip()}' is not a positive size or a range low-high")
+        while first <= last:
+            sizes.add(first)
+            first *= 2
+    if not sizes:
+        raise ValueError("--sizes is empty; e.g. --sizes 1K,1M,64M or --sizes 4-256M")
+    return sorted(sizes)
+
+
+def format_size(size_bytes: int) -> str:
+    """4 → '4 B', 1024 → '1 KiB', 3 MiB → '3 MiB' (the largest binary unit that divides it)."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size_bytes % unit == 0:
+            return f"{size_bytes // unit} {name}"
+    return f"{size_bytes} B"
+
+
+def _sizes_arg(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """allreduce's options."""
+    """allreduce's options (parsed by every rank: nothing here imports torch)."""
+    parser.description = (
+        "Time an in-place SUM allreduce per message size (nccl-tests' algbw and busbw) under the launcher that "
+        "started this process, checking every reduced value; or, with --compare, every implementation under "
+        "its own launcher. A default sweep (4 B to 256 MiB) takes well under a minute per implementation on "
+        "2 ranks of 2 cores."
+    )
+    parser.add_argument(
+        "--impl",
+        choices=IMPLS,
+        help="what to measure under this launcher: torch.distributed "
+        "(gloo on CPU, nccl on CUDA), Horovod's hvd.allreduce_ or mpi4py's Allreduce",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="run each of --impls under its own launcher, then write a combined CSV and plot",
+    )
+    parser.add_argument(
+        "--impls",
+        default=",".join(VARIANTS),
+        help=f"--compare: which, in order (default: {','.join(VARIANTS)}; torch under torchrun, "
+        "horovod-gloo under horovodrun --gloo, horovod-mpi under horovodrun --mpi, mpi4py under "
+        "mpirun)",
+    )
+    parser.add_argument("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2)")
+    parser.add_argument(
+        "--sizes",
+        type=_sizes_arg,
+        default=DEFAULT_SIZES,
+        help="message sizes in bytes: a list like 1K,1M,64M (K, M, G are binary) or a power-of-two "
+        f"range low-high (default: {DEFAULT_SIZES}, i.e. 4 B to 256 MiB)",
+    )
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="element type (default: float32)")
+    parser.add_argument("--iters", type=int, help="timed iterations per size (default: scaled to the size)")
+    parser.add_argument("--warmup", type=int, help="untimed iterations before each size (default: scaled to the size)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the buffers live (default: cpu); cuda: one GPU per local rank, torch uses nccl",
+    )
+    parser.add_argument("--threads", type=int, help="torch intra-op threads per rank (default: cores ÷ local ranks)")
+    parser.add_argument(
+        "--out", default=DEFAULT_OUT, help=f"directory that receives <run-id>/ (default: {DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--run-id", help="name of the run (or --compare) directory (default: time-allreduce-impl-wN-xxxx)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run directory of that --run-id")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds a rank may make no progress before the run fails (default: 300)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar (the bar is on rank 0 only)")
+    # Testing only: one rank's reduced buffer is changed before the check, which must catch it.
+    parser.add_argument("--inject-wrong-result", action="store_true", help=argparse.SUPPRESS)
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    sizes = args.sizes if isinstance(args.sizes, list) else parse_sizes(args.sizes)  # a default is not converted
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name != "sizes"}
+    return Options(**{**given, "sizes": sizes})
+
+
+def validate(opts: Options) -> None:
+    """Refuse bad input that needs neither torch nor a process group."""
+    width = DTYPES[opts.dtype]
+    odd = [s for s in opts.sizes if s % width]
+    if odd:
+        raise InputError(
+            f"--sizes {odd[0]} is not a whole number of {opts.dtype} elements ({width} bytes each); "
+            f"use multiples of {width}"
+        )
+    for name in ("iters", "threads"):
+        value = getattr(opts, name)
+        if value is not None and value < 1:
+            raise InputError(f"--{name} must be a positive integer, got {value}")
+    if opts.warmup is not None and opts.warmup < 0:
+        raise InputError(f"--warmup must be >= 0, got {opts.warmup}")
+    if not opts.timeout > 0:
+        raise InputError(f"--timeout must be a positive number of seconds, got {opts.timeout}")
+    if opts.impl == "mpi4py" and opts.device == "cuda":
+        raise InputError("--impl mpi4py measures host buffers only; use --device cpu")
+
+
+def check_launcher(impl: str, info: launch.LaunchInfo) -> None:
+    """An implementation started under a launcher that cannot give it what it needs is bad input."""
+    where = info.launcher + (f" --{info.detail}" if info.launcher == launch.HOROVODRUN else "")
+    gloo_only = impl == "mpi4py" and info.launcher == launch.HOROVODRUN and info.detail != "mpi"
+    if info.launcher not in LAUNCHERS[impl] or gloo_only:
+        fits = {
+            "torch": "torchrun, mpirun, srun or python",
+            "horovod": "horovodrun --gloo, horovodrun --mpi, mpirun or python",
+            "mpi4py": "mpirun, horovodrun --mpi or python",
+        }[impl]
+        raise InputError(f"--impl {impl} cannot run under {where}; launch it with {fits}")
 
 
 def command(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    """`distbench allreduce`: one implementation under this launcher, or `--compare`."""
+    from benchmarks.cli import EXIT_BAD_INPUT, _bad_input, _error
+
+    if args.compare:
+        try:
+            names = _compare_names(args)
+            opts = options_from(argparse.Namespace(**{**vars(args), "impl": VARIANTS[names[0]][0]}))
+            for name in names:
+                validate(dataclasses.replace(opts, impl=VARIANTS[name][0]))
+            root = training_compare.make_compare_dir(Path(opts.out), opts.run_id or new_id("compare"))
+        except InputError as exc:
+            _error(str(exc))
+            return EXIT_BAD_INPUT
+        return run_compare(names, opts, args.nproc, root)
+
+    info = launch.detect()
+    try:
+        if args.impl is None:
+            raise InputError("--impl is required (torch, horovod or mpi4py), or give --compare")
+        opts = options_from(args)
+        validate(opts)
+        check_launcher(opts.impl, info)
+        if opts.run_id and not opts.overwrite and (Path(opts.out) / opts.run_id).exists():
+            raise InputError(
+                f"run directory {Path(opts.out) / opts.run_id} already exists; "
+                "choose another --run-id or pass --overwrite"
+            )
+    except InputError as exc:
+        return _bad_input(info.rank, exc)
+
+    from benchmarks.run import collectives  # imports torch: only past the checks that need none
+
+    try:
+        code = collectives.run(opts, info)
+    except InputError as exc:
+        return _bad_input(info.rank, exc)
+    if "mpi4py.MPI" in sys.modules and code != EXIT_BAD_INPUT:
+        from benchmarks.launch import rendezvous
+
+        # Every rank is here (a wrong result is agreed on by all of them), so MPI_Finalize waits for no one.
+        rendezvous.exit_process(code)
+    return code
+
+
+def new_id(what: str) -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-allreduce-{what}-{secrets.token_hex(2)}"
+
+
+def _compare_names(args: argparse.Namespace) -> list[str]:
+    names = list(dict.fromkeys(n.strip() for n in args.impls.split(",") if n.strip()))
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        raise InputError(f"--impls takes a comma-separated list of {', '.join(VARIANTS)}; got '{args.impls}'")
+    if args.nproc < 1:
+        raise InputError(f"--nproc must be a positive integer, got {args.nproc}")
+    if args.impl is not None:
+        raise InputError("--impl is for one implementation under a launcher; with --compare use --impls")
+    return names
+
+
+def impl_column(name: str, device: str) -> str:
+    """The `impl` value (and run directory) a --compare variant records: torch says its process-group backend."""
+    return f"torch-{'nccl' if device == 'cuda' else 'gloo'}" if name == "torch" else name
+
+
+def variant_command(name: str, nproc: int) -> list[str]:
+    """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` for a --compare variant."""
+    launcher, _, controller = VARIANTS[name][1].partition(" --")
+    return variants.launcher_command(variants.Variant(name, VARIANTS[name][0], launcher, controller), nproc)
+
+
+def rank_argv(opts: Options) -> list[str]:
+    """The options every variant's ranks get (the same sweep for each)."""
+    argv = [
+        "--sizes",
+        ",".join(map(str, opts.sizes)),
+        "--dtype",
+        opts.dtype,
+        "--device",
+        opts.device,
+        "--timeout",
+        str(opts.timeout),
+    ]
+    for name in ("iters", "warmup", "threads"):
+        if getattr(opts, name) is not None:
+            argv += [f"--{name}", str(getattr(opts, name))]
+    return argv + ["--quiet"] * opts.quiet + ["--inject-wrong-result"] * opts.inject_wrong_result
+
+
+def run_compare(names: list[str], opts: Options, nproc: int, root: Path) -> int:
+    """Each variant under its launcher into `root`, then the combined CSV, plot and table; 0 if all passed."""
+    from benchmarks.run import recorder
+    from benchmarks.run.harness import default_threads
+
+    started = time.perf_counter()
+    threads = opts.threads or default_threads(nproc)
+    opts = dataclasses.replace(opts, threads=threads)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # the same OpenMP setting under every launcher
+    if os.geteuid() == 0:  # Open MPI refuses root unless told; horovodrun --mpi passes its own flag
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    plan = ", ".join(f"{impl_column(n, opts.device)} ({VARIANTS[n][1]})" for n in names)
+    print(
+        f"distbench allreduce --compare: {plan}; {nproc} ranks, {opts.dtype}, {len(opts.sizes)} sizes "
+        f"{format_size(opts.sizes[0])}–{format_size(opts.sizes[-1])}, OMP_NUM_THREADS={threads}",
+        file=sys.stderr,
+        flush=True,
+    )
+    failed = []
+    for i, name in enumerate(names, 1):
+        run_id = impl_column(name, opts.device)
+        cmd = [
+            *variant_command(name, nproc),
+            "allreduce",
+            "--impl",
+            VARIANTS[name][0],
+            *rank_argv(opts),
+            "--out",
+            str(root),
+            "--run-id",
+            run_id,
+        ]
+        print(f"[allreduce {i}/{len(names)}] {run_id}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            code = subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env).returncode
+        except FileNotFoundError as exc:
+            print(f"[allreduce] cannot start {run_id}: {exc}", file=sys.stderr)
+            code = 127
+        recorder.mark_abandoned(root / run_id, f"the job exited {code} before the sweep completed")
+        print(
+            f"[allreduce] {run_id}: {'FAILED (exit ' + str(code) + ')' if code else 'ok'} in "
+            f"{time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        if code:
+            failed.append(run_id)
+    from benchmarks.analysis import collectives
+
+    try:
+        section = collectives.write_compare_outputs(root, [impl_column(n, opts.device) for n in names])
+        print(section.text)
+    except FileNotFoundError as exc:  # nothing completed: nothing to tabulate or plot
+        print(f"[allreduce] no combined results: {exc}", file=sys.stderr)
+    if failed:
+        print(f"distbench: error: failed: {', '.join(failed)} (see their run.json under {root})", file=sys.stderr)
+    print(f"time: {time.perf_counter() - started:.1f} s wall for {len(names)} implementations")
+    print(root)
+    return 1 if failed else 0

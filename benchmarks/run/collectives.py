@@ -1,0 +1,458 @@
+"""Rank side of `distbench allreduce`: one implementation's sweep over message sizes.
+
+Every implementation sits behind `Collective`: an in-place SUM allreduce of a buffer, a barrier and
+an object all-gather. Per size: warm-up, a barrier, the timed loop (nothing in it but the allreduce
+measured), then, outside it, a correctness check and one all-gather of each rank's mean time and
+verdict, so rank 0 can write the size's row before the next size's barrier. Rank 0 writes
+`allreduce.csv` and `run.json` (`kind: allreduce`). No pandas, scipy or matplotlib here, and torch only
+once a sweep starts: the analysis side imports the formulas and the schema from this module.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import io
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import launch
+from benchmarks.config import InputError
+from benchmarks.launch import rendezvous
+from benchmarks.run import guard
+from benchmarks.run.progress import progress
+from benchmarks.run.recorder import RUN_JSON, write_json_atomic
+from benchmarks.suite.allreduce import Options, format_size, new_id
+
+KIND = "allreduce"
+SCHEMA_VERSION = 1
+CSV_NAME = "allreduce.csv"
+COLUMNS = (
+    "run_id", "impl", "launcher", "controller", "world_size", "device", "dtype", "size_bytes", "elements",
+    "warmup", "iterations", "time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps", "correct",
+)  # fmt: skip
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+PERIOD = 3
+"""Rank r puts 1 + (i + r) % 3 in element i: small integers, so every sum is exact in float16 up to 682
+ranks, and an element reduced from the wrong place or the wrong ranks comes out wrong."""
+BYTES_PER_SIZE = 512 << 20
+MIN_ITERS, MAX_ITERS = 5, 100
+
+
+def schedule(size_bytes: int) -> tuple[int, int]:
+    """(warm-up, timed iterations) for a size: 512 MiB moved per size, 5 to 100 iterations, 1/10 warm-up.
+
+    Small messages are latency-bound and need many iterations for a stable mean; large ones need few, and a
+    default sweep of 27 sizes stays well under a minute on 2 ranks of 2 cores (README).
+    """
+    iters = max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_SIZE // size_bytes))
+    return max(1, iters // 10), iters
+
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' allreduce correction 2(n−1)/n: what a ring allreduce moves per rank over each link."""
+    return 2 * (world_size - 1) / world_size
+
+
+def algbw_gbps(size_bytes: int, seconds: float) -> float:
+    """Algorithm bandwidth S / t in GB/s (10⁹ bytes per second), as nccl-tests defines it."""
+    return size_bytes / seconds / 1e9
+
+
+def busbw_gbps(size_bytes: int, seconds: float, world_size: int) -> float:
+    """Bus bandwidth S / t × 2(n−1)/n in GB/s: comparable with link bandwidth whatever the world size."""
+    return algbw_gbps(size_bytes, seconds) * bus_factor(world_size)
+
+
+def _pattern(rank: int, dtype: Any) -> np.ndarray:
+    return np.array([1 + (j + rank) % PERIOD for j in range(PERIOD)], dtype=dtype)
+
+
+def expected_sum(world_size: int, dtype: Any) -> np.ndarray:
+    """The reduced value of element i is `expected_sum(...)[i % 3]`."""
+    return sum((_pattern(r, np.float64) for r in range(world_size)), np.zeros(PERIOD)).astype(dtype)
+
+
+def fill_pattern(array: np.ndarray, rank: int) -> None:
+    """Write this rank's pattern into a flat array in place (no temporary the size of the buffer)."""
+    whole = len(array) - len(array) % PERIOD
+    base = _pattern(rank, array.dtype)
+    array[:whole].reshape(-1, PERIOD)[:] = base
+    array[whole:] = base[: len(array) - whole]
+
+
+def first_wrong(array: np.ndarray, world_size: int) -> tuple[int, float, float] | None:
+    """(index, value, expected) of the first element that is not the exact sum, or None when all are."""
+    whole = len(array) - len(array) % PERIOD
+    expected = expected_sum(world_size, array.dtype)
+    bad = np.flatnonzero(array[:whole].reshape(-1, PERIOD) != expected)
+    if not len(bad):
+        bad = np.flatnonzero(array[whole:] != expected[: len(array) - whole]) + whole
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    return i, float(array[i]), float(expected[i % PERIOD])
+
+
+class Collective:
+    """One implementation: in-place SUM allreduce of a flat buffer, plus what the sweep needs around it."""
+
+    name = ""
+    controller = "none"
+    """Horovod's controller (gloo or mpi); `none` for the others."""
+
+    def __init__(self, info: launch.LaunchInfo, opts: Options) -> None:
+        import torch
+
+        self.info, self.opts = info, opts
+        self.rank, self.world_size = info.rank, info.world_size
+        self.device = torch.device("cuda", info.local_rank) if opts.device == "cuda" else torch.device("cpu")
+        self.dtype = getattr(torch, opts.dtype)
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+    def buffer(self, elements: int) -> Any:
+        import torch
+
+        return torch.zeros(elements, dtype=self.dtype, device=self.device)
+
+    def fill(self, buf: Any, rank: int) -> None:
+        """`rank`'s check pattern (the timed iterations reduce the zeros a buffer starts with: sums stay 0)."""
+        if buf.device.type == "cpu":
+            return fill_pattern(buf.numpy(), rank)
+        host = np.empty(buf.numel(), NUMPY_DTYPES[self.opts.dtype])
+        fill_pattern(host, rank)
+        buf.copy_(buf.new_tensor(host))
+
+    def host(self, buf: Any) -> np.ndarray:
+        return buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
+
+    def perturb(self, buf: Any) -> None:
+        buf[0] += 1
+
+    def allreduce(self, buf: Any, size_bytes: int) -> None:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def allgather(self, obj: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def knobs(self) -> dict[str, Any]:
+        return {}
+
+
+class TorchCollective(Collective):
+    def start(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self.name = f"torch-{self.backend}"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        addr, port = rendezvous.endpoint(self.info)
+        timeout = datetime.timedelta(seconds=self.opts.timeout)
+        dist.init_process_group(self.backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
+                                world_size=self.world_size, timeout=timeout)  # fmt: skip
+
+    def stop(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+    def allreduce(self, buf: Any, size_bytes: int) -> None:
+        self.dist.all_reduce(buf, op=self.dist.ReduceOp.SUM)
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def knobs(self) -> dict[str, Any]:
+        return {"process_group": self.backend, "call": "torch.distributed.all_reduce(tensor, op=SUM)"}
+
+
+HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY")
+
+
+class HorovodCollective(Collective):
+    def start(self) -> None:
+        from backends.horovod import import_horovod
+
+        # Horovod: bound every wait by --timeout, as the training backend does.
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, int(self.opts.timeout)))
+        try:
+            self.hvd = hvd = import_horovod()
+        except RuntimeError as exc:
+            raise InputError(str(exc)) from exc
+        hvd.init()
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.set_device(self.device)
+        if hvd.size() != self.world_size:
+            raise RuntimeError(f"Horovod sees {hvd.size()} ranks but the launcher started {self.world_size}")
+        self.controller = "gloo" if hvd.gloo_enabled() else "mpi"
+        self.name = f"horovod-{self.controller}"
+
+    def stop(self) -> None:
+        self.hvd.shutdown()
+
+    def allreduce(self, buf: Any, size_bytes: int) -> None:
+        # A fixed name per size, as a training loop's parameter names are: an unnamed call gets a fresh
+        # name each time and would miss Horovod's response cache on every iteration.
+        self.hvd.allreduce_(buf, op=self.hvd.Sum, name=f"distbench.allreduce.{size_bytes}")
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self.hvd.allgather_object(obj)
+
+    def knobs(self) -> dict[str, Any]:
+        set_by_user = {k: os.environ[k] for k in HOROVOD_KNOBS if k in os.environ}
+        call = "hvd.allreduce_(tensor, op=hvd.Sum, name=<per size>)"
+        return {"controller": self.controller, "call": call, "env": set_by_user or "Horovod's defaults"}
+
+
+class MPI4pyCollective(Collective):
+    name = "mpi4py"
+
+    def start(self) -> None:
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        if self.comm.size != self.world_size:
+            raise RuntimeError(f"MPI sees {self.comm.size} ranks but the launcher started {self.world_size}")
+        self.op, self.datatype = MPI.SUM, None
+        if self.opts.dtype == "float16":
+            # MPI has no half type: a 2-byte datatype and a numpy sum as a user op, what Horovod does in C.
+            def half_sum(inbuf: Any, outbuf: Any, datatype: Any) -> None:
+                out = np.frombuffer(outbuf, dtype=np.float16)
+                np.add(out, np.frombuffer(inbuf, dtype=np.float16), out=out)
+
+            self.op = MPI.Op.Create(half_sum, commute=True)
+            self.datatype = MPI.BYTE.Create_contiguous(2).Commit()
+
+    def buffer(self, elements: int) -> Any:
+        return np.zeros(elements, dtype=NUMPY_DTYPES[self.opts.dtype])
+
+    def fill(self, buf: Any, rank: int) -> None:
+        fill_pattern(buf, rank)
+
+    def host(self, buf: Any) -> np.ndarray:
+        return buf
+
+    def allreduce(self, buf: Any, size_bytes: int) -> None:
+        target = buf if self.datatype is None else [buf, self.datatype]
+        self.comm.Allreduce(self.MPI.IN_PLACE, target, op=self.op)
+
+    def synchronize(self) -> None: ...
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self.comm.allgather(obj)
+
+    def knobs(self) -> dict[str, Any]:
+        op = "a numpy float16 sum as an MPI user op" if self.datatype is not None else "MPI.SUM"
+        library = self.MPI.Get_library_version().splitlines()[0].strip()
+        return {"call": f"comm.Allreduce(MPI.IN_PLACE, numpy array, op={op})", "mpi_library": library}
+
+
+IMPLEMENTATIONS: dict[str, type[Collective]] = {"torch": TorchCollective, "horovod": HorovodCollective,
+                                                 "mpi4py": MPI4pyCollective}  # fmt: skip
+
+
+class WrongResult(RuntimeError):
+    """A reduced buffer held a value that is not the exact sum: the run fails, no bandwidth is claimed."""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _append(path: Path, rows: list[dict[str, Any]], header: bool = False) -> None:
+    """Whole lines, flushed to disk, so a killed run leaves the sizes it finished readable."""
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="raise", lineterminator="\n")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    with open(path, "a", newline="") as handle:
+        handle.write(buffer.getvalue())
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def size_row(meta: dict[str, Any], size: int, warmup: int, iters: int, per_rank: list[float], correct: bool) -> dict:
+    """The CSV row of one size from each rank's mean time; a wrong result gets no time or bandwidth."""
+    mean = sum(per_rank) / len(per_rank)
+    row = {k: meta[k] for k in ("run_id", "impl", "launcher", "controller", "world_size", "device", "dtype")}
+    width = np.dtype(NUMPY_DTYPES[meta["dtype"]]).itemsize
+    row.update(size_bytes=size, elements=size // width, warmup=warmup, iterations=iters, correct=correct)
+    if correct:
+        busbw = busbw_gbps(size, mean, meta["world_size"])
+        row.update(time_mean_s=mean, time_min_s=min(per_rank), time_max_s=max(per_rank),
+                   algbw_gbps=algbw_gbps(size, mean), busbw_gbps=busbw)  # fmt: skip
+    return row
+
+
+def sweep(impl: Collective, opts: Options, meta: dict[str, Any] | None, watchdog: guard.Watchdog) -> None:
+    """Every size in turn; rank 0 (`meta` given) appends each size's row. Raises WrongResult on all ranks."""
+    width = np.dtype(NUMPY_DTYPES[opts.dtype]).itemsize
+    bar = progress(len(opts.sizes), f"allreduce {impl.name}", enabled=meta is not None and not opts.quiet)
+    for n, size in enumerate(opts.sizes):
+        warm, iters = schedule(size)
+        warm = warm if opts.warmup is None else opts.warmup
+        iters = iters if opts.iters is None else opts.iters
+        bar.set_postfix(size=format_size(size))
+        buf = impl.buffer(size // width)
+        for _ in range(warm):
+            impl.allreduce(buf, size)
+        impl.synchronize()
+        impl.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            impl.allreduce(buf, size)
+        impl.synchronize()
+        mean_s = (time.perf_counter() - t0) / iters
+        watchdog.beat()
+        impl.fill(buf, impl.rank)
+        impl.allreduce(buf, size)
+        impl.synchronize()
+        if opts.inject_wrong_result and n == 0 and impl.rank == impl.world_size - 1:
+            impl.perturb(buf)
+        wrong = first_wrong(impl.host(buf), impl.world_size)
+        error = None if wrong is None else "element {} is {:g}, expected {:g}".format(*wrong)
+        gathered = impl.allgather((mean_s, error))
+        del buf
+        bad = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
+        if meta is not None:
+            row = size_row(meta, size, warm, iters, [t for t, _ in gathered], correct=not bad)
+            _append(Path(meta["run_dir"]) / CSV_NAME, [row])
+        bar.update(1)
+        watchdog.beat()
+        if bad:
+            rank, error = bad[0]
+            where = f"{format_size(size)} ({opts.dtype}) on rank {rank}"
+            raise WrongResult(
+                f"wrong allreduce result at {where}: {error} (the exact sum over {impl.world_size} ranks)"
+            )
+    bar.close()
+
+
+def _write_meta(meta: dict[str, Any]) -> None:
+    """run.json from rank 0's record (`run_dir` is where it goes, not part of it)."""
+    write_json_atomic(Path(meta["run_dir"]) / RUN_JSON, {k: v for k, v in meta.items() if k != "run_dir"})
+
+
+def _open_run_dir(impl: Collective, opts: Options, meta: dict[str, Any]) -> Path | None:
+    """Rank 0 creates the run directory; every rank learns whether that worked, so none waits forever."""
+    run_dir, error = Path(opts.out) / meta["run_id"], None
+    if impl.rank == 0:
+        try:
+            if opts.overwrite and run_dir.exists():
+                import shutil
+
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=False)
+            meta["run_dir"] = str(run_dir)
+            _write_meta(meta)
+            _append(run_dir / CSV_NAME, [], header=True)
+        except FileExistsError:
+            error = f"run directory {run_dir} already exists; choose another --run-id or pass --overwrite"
+        except OSError as exc:
+            error = f"cannot write to --out {opts.out} ({exc.strerror}); choose a writable --out"
+    error = next((e for e in impl.allgather(error) if e), None)
+    if error:
+        raise InputError(error)
+    return run_dir if impl.rank == 0 else None
+
+
+def run(opts: Options, info: launch.LaunchInfo) -> int:
+    """One sweep inside this launcher: 0 when every size's result was right, 1 otherwise (rank 0 says why)."""
+    import torch
+
+    from benchmarks import environment
+    from benchmarks.run.harness import default_threads
+
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
+    if opts.dtype == "float16" and PERIOD * info.world_size > 2048:
+        raise InputError(f"float16 cannot hold the exact check sums of {info.world_size} ranks; use --dtype float32")
+    threads = opts.threads or default_threads(info.local_world_size)
+    torch.set_num_threads(threads)
+    impl = IMPLEMENTATIONS[opts.impl](info, opts)
+    meta: dict[str, Any] = {}
+    said: list[str] = []
+
+    def fail(error: str) -> None:
+        if meta.get("status") == "running" and "run_dir" in meta:
+            meta.update(status="failed", error=error, end_time=_now())
+            _write_meta(meta)
+        if impl.rank == 0 and not said:
+            where = f"; details in {Path(meta['run_dir']) / RUN_JSON}" if "run_dir" in meta else ""
+            said.append(error)
+            print(f"distbench: error: allreduce failed: {error}{where}", file=sys.stderr, flush=True)
+
+    guard.install_sigterm_watcher(lambda: fail("terminated by SIGTERM (a launcher stopping the job)"))
+    watchdog = guard.Watchdog(opts.timeout, fail)
+    try:
+        impl.start()
+        watchdog.beat()
+        hosts = impl.allgather({"host": socket.gethostname(), "node_rank": info.node_rank})
+        run_id = opts.run_id or new_id(f"{impl.name}-w{info.world_size}")
+        meta.update({
+            "schema_version": SCHEMA_VERSION, "kind": KIND, "run_id": run_id, "impl": impl.name,
+            "launcher": info.launcher, "launcher_detail": info.detail, "controller": impl.controller,
+            "world_size": info.world_size, "local_world_size": info.local_world_size, "device": opts.device,
+            "dtype": opts.dtype, "sizes": opts.sizes, "in_place": True, "op": "sum",
+            "config": dataclasses.asdict(opts), "knobs": impl.knobs(), "threads": threads,
+            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "versions": environment.versions(),
+            "hosts": hosts, "command": sys.argv, "host": socket.gethostname(), "pid": os.getpid(),
+            "start_time": _now(), "status": "running",
+        })  # fmt: skip
+        _open_run_dir(impl, opts, meta)
+        started = time.perf_counter()
+        sweep(impl, opts, meta if impl.rank == 0 else None, watchdog)
+        if impl.rank == 0:
+            meta.update(status="completed", end_time=_now(), wall_s=time.perf_counter() - started)
+            _write_meta(meta)
+            print(meta["run_dir"])
+        return 0
+    except InputError:
+        raise
+    except WrongResult as exc:
+        fail(str(exc))
+        return 1
+    except Exception as exc:
+        fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return 1
+    finally:
+        watchdog.beat()
+        try:
+            impl.stop()
+        except Exception:  # a failed run may have no process group left to stop
+            pass
+        watchdog.stop()
