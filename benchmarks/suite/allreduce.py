@@ -26,7 +26,6 @@ from pathlib import Path
 from benchmarks import launch
 from benchmarks.config import InputError
 from benchmarks.suite import compare as training_compare
-from benchmarks.suite import variants
 
 IMPLS = ("torch", "horovod", "mpi4py")
 DTYPES = {"float32": 4, "float16": 2}
@@ -278,6 +277,8 @@ def impl_column(name: str, device: str) -> str:
 
 def variant_command(name: str, nproc: int) -> list[str]:
     """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` for a --compare variant."""
+    from benchmarks.suite import variants  # compare's launch commands (imported late: being reworked alongside)
+
     launcher, _, controller = VARIANTS[name][1].partition(" --")
     return variants.launcher_command(variants.Variant(name, VARIANTS[name][0], launcher, controller), nproc)
 
