@@ -35,9 +35,9 @@ LOSS_COLUMNS = ("run_id", "backend", "world_size", "epoch", "step", "split", "lo
 SUMMARY_COLUMNS = (
     "run_id", "backend", "world_size", "workload", "global_batch", "timed_steps", "samples_per_s",
     "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
-    "final_val_accuracy", "wall_s", "step_mean_s", "compute_s", "exposed_comm_s", "exposed_comm_share",
+    "final_val_accuracy", "wall_s", "compute_s", "exposed_comm_s", "exposed_comm_share",
 )  # fmt: skip
-SUMMARY_COLUMNS_OF = {1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("step_mean_s")], 2: SUMMARY_COLUMNS}
+SUMMARY_COLUMNS_OF = {1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("compute_s")], 2: SUMMARY_COLUMNS}
 """summary.csv's header by run.json schema_version: version 2 added the step breakdown at the end."""
 
 
@@ -162,15 +162,15 @@ def summary_row(
 ) -> dict[str, Any]:
     """summary.csv's row from the slowest rank's time of each timed step and the last train/val rows.
 
-    The breakdown: `step_mean_s` (mean timed step), `compute_s` (mean compute-baseline step: the same
-    work with no gradient communication), their difference `exposed_comm_s` — communication and framework
-    overhead not hidden behind compute — and its share of the step. Noise can make it slightly negative;
-    it is written as measured.
+    The breakdown, in medians (a few slow steps among ten baseline steps would move a mean far):
+    `compute_s`, the median compute-baseline step (the same work with no gradient communication), and
+    `exposed_comm_s` = `step_p50_s` − `compute_s`, communication and framework overhead not hidden behind
+    compute, with its share of `step_p50_s`. Noise can make it slightly negative; it is written as measured.
     """
     times = np.asarray(step_times, dtype=float)
-    step_mean = float(times.mean()) if len(times) else None
-    compute = float(np.mean(compute_step_s)) if len(compute_step_s) else None
-    exposed = step_mean - compute if step_mean is not None and compute is not None else None
+    step = float(np.median(times)) if len(times) else None
+    compute = float(np.median(compute_step_s)) if len(compute_step_s) else None
+    exposed = step - compute if step is not None and compute is not None else None
 
     def pct(q: float) -> float | None:
         return float(np.percentile(times, q)) if len(times) else None
@@ -191,8 +191,7 @@ def summary_row(
         "final_val_loss": val.get("loss"),
         "final_val_accuracy": val.get("accuracy"),
         "wall_s": timed_wall_s,
-        "step_mean_s": step_mean,
         "compute_s": compute,
         "exposed_comm_s": exposed,
-        "exposed_comm_share": exposed / step_mean if exposed is not None and step_mean else None,
+        "exposed_comm_share": exposed / step if exposed is not None and step else None,
     }

@@ -61,6 +61,8 @@ BAD_INPUT = {
         ["--train-size", "64", "--batch-size", "32", "--warmup-steps", "4"],
         "--epochs 2 × 2 steps per epoch leaves no timed step",
     ),  # fmt: skip
+    "negative baseline": (["--compute-baseline-steps", "-1"], "--compute-baseline-steps must be >= 0"),
+    "zero trace steps": (["--trace-steps", "0"], "--trace-steps must be a positive integer"),
     "factory raises": (["--workload", "wl_custom:raises"], "workload 'wl_custom:raises' failed to build: KeyError"),
     "factory returns junk": (["--workload", "wl_custom:not_a_workload"], "returned dict, not a workloads.Workload"),
     "mean-reduced loss": (["--workload", "wl_custom:mean_loss"], "loss(out, target) must give one value per sample"),
