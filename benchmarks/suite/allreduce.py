@@ -70,7 +70,7 @@ def parse_size(text: str) -> int:
     """'4', '1K', '64M', '1GiB', '256MB' → bytes (binary units: K = 1024)."""
     match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
     if not match:
-        raise ValueError(f"'{text}' is not a size; write bytes with an optional K, M or G, e.g. 4, 1K, 64M")
+        raise ValueError(f"--sizes: '{text}' is not a size; write bytes with an optional K, M or G, e.g. 4, 1K, 64M")
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -82,7 +82,7 @@ def parse_sizes(text: str) -> list[int]:
         first = parse_size(low)
         last = parse_size(high) if sep else first
         if first < 1 or last < first:
-            raise ValueError(f"'{item.strip()}' is not a positive size or a range low-high")
+            raise ValueError(f"--sizes: '{item.strip()}' is not a positive size or a range low-high, e.g. 4-256M")
         while first <= last:
             sizes.add(first)
             first *= 2
@@ -99,77 +99,70 @@ def format_size(size_bytes: int) -> str:
     return f"{size_bytes} B"
 
 
-def _sizes_arg(text: str) -> list[int]:
-    try:
-        return parse_sizes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """allreduce's options (parsed by every rank: nothing here imports torch)."""
     parser.description = (
         "Time an in-place SUM allreduce per message size (nccl-tests' algbw and busbw) under the launcher that "
         "started this process, checking every reduced value; or, with --compare, every implementation under "
-        "its own launcher. A default sweep (4 B to 256 MiB) takes well under a minute per implementation on "
+        "its own launcher. A default sweep (4 B to 256 MiB) takes under a minute per implementation on "
         "2 ranks of 2 cores."
     )
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--impl",
         choices=IMPLS,
-        help="what to measure under this launcher: torch.distributed "
-        "(gloo on CPU, nccl on CUDA), Horovod's hvd.allreduce_ or mpi4py's Allreduce",
+        help="what to measure under this launcher: torch.distributed (gloo on CPU, nccl on "
+        "CUDA), Horovod's hvd.allreduce_ (the controller its launcher gives it) or mpi4py's Allreduce",
     )
-    parser.add_argument(
+    add(
         "--compare",
         action="store_true",
-        help="run each of --impls under its own launcher, then write a combined CSV and plot",
+        help="run each of --impls under its own launcher, then write a combined CSV, a table and a log-log plot",
     )
-    parser.add_argument(
+    add(
         "--impls",
         default=",".join(VARIANTS),
-        help=f"--compare: which, in order (default: {','.join(VARIANTS)}; torch under torchrun, "
-        "horovod-gloo under horovodrun --gloo, horovod-mpi under horovodrun --mpi, mpi4py under "
-        "mpirun)",
+        help=f"--compare: which, in order (default: {','.join(VARIANTS)}: "
+        "torch under torchrun, horovod-gloo under horovodrun --gloo, horovod-mpi under horovodrun --mpi, mpi4py "
+        "under mpirun)",
     )
-    parser.add_argument("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2)")
-    parser.add_argument(
+    add("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2)")
+    add(
         "--sizes",
-        type=_sizes_arg,
         default=DEFAULT_SIZES,
-        help="message sizes in bytes: a list like 1K,1M,64M (K, M, G are binary) or a power-of-two "
-        f"range low-high (default: {DEFAULT_SIZES}, i.e. 4 B to 256 MiB)",
+        help="message sizes in bytes: a list like 1K,1M,64M (K, M, G are binary) "
+        f"or a power-of-two range low-high (default: {DEFAULT_SIZES}, i.e. 4 B to 256 MiB)",
     )
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="element type (default: float32)")
-    parser.add_argument("--iters", type=int, help="timed iterations per size (default: scaled to the size)")
-    parser.add_argument("--warmup", type=int, help="untimed iterations before each size (default: scaled to the size)")
-    parser.add_argument(
+    add("--dtype", choices=tuple(DTYPES), default="float32", help="element type (default: float32)")
+    add("--iters", type=int, help="timed iterations per size (default: 512 MiB ÷ size, 5 to 100)")
+    add("--warmup", type=int, help="untimed iterations before each size (default: a tenth of --iters, at least 1)")
+    add(
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
         help="where the buffers live (default: cpu); cuda: one GPU per local rank, torch uses nccl",
     )
-    parser.add_argument("--threads", type=int, help="torch intra-op threads per rank (default: cores ÷ local ranks)")
-    parser.add_argument(
-        "--out", default=DEFAULT_OUT, help=f"directory that receives <run-id>/ (default: {DEFAULT_OUT})"
-    )
-    parser.add_argument(
-        "--run-id", help="name of the run (or --compare) directory (default: time-allreduce-impl-wN-xxxx)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing run directory of that --run-id")
-    parser.add_argument(
+    add("--threads", type=int, help="torch intra-op threads per rank (default: cores ÷ local ranks)")
+    add("--out", default=DEFAULT_OUT, help=f"directory that receives <run-id>/ (default: {DEFAULT_OUT})")
+    add("--run-id", help="name of the run (or --compare) directory (default: time-allreduce-impl-wN-xxxx)")
+    add("--overwrite", action="store_true", help="replace an existing run directory of that --run-id")
+    add(
         "--timeout",
         type=float,
         default=300.0,
         help="seconds a rank may make no progress before the run fails (default: 300)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar (the bar is on rank 0 only)")
+    add("--quiet", action="store_true", help="no progress bar (the bar is on rank 0 only)")
     # Testing only: one rank's reduced buffer is changed before the check, which must catch it.
-    parser.add_argument("--inject-wrong-result", action="store_true", help=argparse.SUPPRESS)
+    add("--inject-wrong-result", action="store_true", help=argparse.SUPPRESS)
 
 
 def options_from(args: argparse.Namespace) -> Options:
-    sizes = args.sizes if isinstance(args.sizes, list) else parse_sizes(args.sizes)  # a default is not converted
+    # Parsed here, not by argparse, so that under a launcher a typo is said once, by rank 0.
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name != "sizes"}
     return Options(**{**given, "sizes": sizes})
 
@@ -200,11 +193,8 @@ def check_launcher(impl: str, info: launch.LaunchInfo) -> None:
     where = info.launcher + (f" --{info.detail}" if info.launcher == launch.HOROVODRUN else "")
     gloo_only = impl == "mpi4py" and info.launcher == launch.HOROVODRUN and info.detail != "mpi"
     if info.launcher not in LAUNCHERS[impl] or gloo_only:
-        fits = {
-            "torch": "torchrun, mpirun, srun or python",
-            "horovod": "horovodrun --gloo, horovodrun --mpi, mpirun or python",
-            "mpi4py": "mpirun, horovodrun --mpi or python",
-        }[impl]
+        fits = {"torch": "torchrun, mpirun, srun or python", "mpi4py": "mpirun, horovodrun --mpi or python",
+                "horovod": "horovodrun --gloo, horovodrun --mpi, mpirun or python"}[impl]  # fmt: skip
         raise InputError(f"--impl {impl} cannot run under {where}; launch it with {fits}")
 
 
@@ -259,7 +249,8 @@ def new_id(what: str) -> str:
 
 
 def _compare_names(args: argparse.Namespace) -> list[str]:
-    names = list(dict.fromkeys(n.strip() for n in args.impls.split(",") if n.strip()))
+    alias = {"torch-gloo": "torch", "torch-nccl": "torch"}  # the impl column's names for torch
+    names = list(dict.fromkeys(alias.get(n.strip(), n.strip()) for n in args.impls.split(",") if n.strip()))
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or not names:
         raise InputError(f"--impls takes a comma-separated list of {', '.join(VARIANTS)}; got '{args.impls}'")
@@ -285,16 +276,8 @@ def variant_command(name: str, nproc: int) -> list[str]:
 
 def rank_argv(opts: Options) -> list[str]:
     """The options every variant's ranks get (the same sweep for each)."""
-    argv = [
-        "--sizes",
-        ",".join(map(str, opts.sizes)),
-        "--dtype",
-        opts.dtype,
-        "--device",
-        opts.device,
-        "--timeout",
-        str(opts.timeout),
-    ]
+    sizes = ",".join(map(str, opts.sizes))
+    argv = ["--sizes", sizes, "--dtype", opts.dtype, "--device", opts.device, "--timeout", str(opts.timeout)]
     for name in ("iters", "warmup", "threads"):
         if getattr(opts, name) is not None:
             argv += [f"--{name}", str(getattr(opts, name))]
@@ -313,26 +296,14 @@ def run_compare(names: list[str], opts: Options, nproc: int, root: Path) -> int:
     if os.geteuid() == 0:  # Open MPI refuses root unless told; horovodrun --mpi passes its own flag
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     plan = ", ".join(f"{impl_column(n, opts.device)} ({VARIANTS[n][1]})" for n in names)
-    print(
-        f"distbench allreduce --compare: {plan}; {nproc} ranks, {opts.dtype}, {len(opts.sizes)} sizes "
-        f"{format_size(opts.sizes[0])}–{format_size(opts.sizes[-1])}, OMP_NUM_THREADS={threads}",
-        file=sys.stderr,
-        flush=True,
-    )
+    span = f"{len(opts.sizes)} sizes {format_size(opts.sizes[0])}–{format_size(opts.sizes[-1])}"
+    print(f"distbench allreduce --compare: {plan}; {nproc} ranks, {opts.dtype}, {span}, OMP_NUM_THREADS={threads}",
+          file=sys.stderr, flush=True)  # fmt: skip
     failed = []
     for i, name in enumerate(names, 1):
         run_id = impl_column(name, opts.device)
-        cmd = [
-            *variant_command(name, nproc),
-            "allreduce",
-            "--impl",
-            VARIANTS[name][0],
-            *rank_argv(opts),
-            "--out",
-            str(root),
-            "--run-id",
-            run_id,
-        ]
+        cmd = [*variant_command(name, nproc), "allreduce", "--impl", VARIANTS[name][0], *rank_argv(opts),
+               "--out", str(root), "--run-id", run_id]  # fmt: skip
         print(f"[allreduce {i}/{len(names)}] {run_id}: {' '.join(cmd)}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
@@ -341,12 +312,8 @@ def run_compare(names: list[str], opts: Options, nproc: int, root: Path) -> int:
             print(f"[allreduce] cannot start {run_id}: {exc}", file=sys.stderr)
             code = 127
         recorder.mark_abandoned(root / run_id, f"the job exited {code} before the sweep completed")
-        print(
-            f"[allreduce] {run_id}: {'FAILED (exit ' + str(code) + ')' if code else 'ok'} in "
-            f"{time.perf_counter() - t0:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        outcome = f"FAILED (exit {code})" if code else "ok"
+        print(f"[allreduce] {run_id}: {outcome} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         if code:
             failed.append(run_id)
     from benchmarks.analysis import collectives
