@@ -1,0 +1,111 @@
+"""`distbench allreduce` under the real launchers, 2 ranks, tiny sizes: every implementation right, and a
+wrong reduction caught."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchmarks.analysis import collectives
+from tests.conftest import BIN, REPO, horovodrun, mpirun, run_cmd, run_ok, torchrun
+
+SIZES = ["--sizes", "4,4K,256K", "--iters", "5", "--warmup", "1", "--quiet", "--timeout", "60"]
+# impl → (launcher prefix, the exit code that launcher passes on for ranks exiting 1)
+UNDER = {
+    "torch": (lambda: torchrun(2), 1),
+    "horovod": (lambda: horovodrun(2, "--gloo"), 1),
+    "mpi4py": (lambda: mpirun(2), 1),
+}
+
+
+def meta_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def _our_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "distbench: error:" in line]
+
+
+def _no_rank_traceback(output: str) -> None:
+    assert f'File "{REPO / "benchmarks"}' not in output and f'File "{REPO / "backends"}' not in output, output
+
+
+@pytest.mark.timeout(300)
+def test_compare_measures_every_implementation_under_its_launcher(tmp_path, horovod_available) -> None:
+    cmd = [str(BIN / "distbench"), "allreduce", "--compare", *SIZES, "--out", str(tmp_path), "--run-id", "c"]
+    proc = run_ok(cmd, timeout=280)
+    root = tmp_path / "c"
+    assert proc.stdout.strip().splitlines()[-1] == str(root)
+    combined = pd.read_csv(root / collectives.COMPARISON_CSV)
+    expected = {"torch-gloo": ("torchrun", "none"), "horovod-gloo": ("horovodrun", "gloo"),
+                "horovod-mpi": ("horovodrun", "mpi"), "mpi4py": ("mpirun", "none")}  # fmt: skip
+    assert list(dict.fromkeys(combined.impl)) == list(expected)  # --impls order
+    for impl, (launcher, controller) in expected.items():
+        rows = combined[combined.impl == impl]
+        assert rows.size_bytes.tolist() == [4, 4096, 256 * 1024], impl
+        assert rows.correct.all() and (rows.world_size == 2).all(), impl
+        assert (rows.launcher == launcher).all() and (rows.controller == controller).all(), impl
+        assert (rows.time_min_s <= rows.time_mean_s).all() and (rows.time_mean_s <= rows.time_max_s).all()
+        assert (rows.busbw_gbps > 0).all() and (rows.iterations == 5).all()
+        meta = meta_of(root / impl)
+        assert (meta["kind"], meta["status"], meta["impl"]) == ("allreduce", "completed", impl)
+        assert collectives.check_dir(root / impl) == []
+    assert (root / "report" / collectives.FIGURE).stat().st_size > 0
+    assert "mpi4py" in (root / "report" / "allreduce.md").read_text()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("impl", list(UNDER))
+def test_a_wrong_reduction_fails_the_run(tmp_path, impl: str, horovod_available) -> None:
+    prefix, code = UNDER[impl]
+    cmd = [*prefix(), "allreduce", "--impl", impl, *SIZES, "--out", str(tmp_path), "--run-id", "w",
+           "--inject-wrong-result"]  # fmt: skip
+    proc = run_cmd(cmd, timeout=130)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output
+    lines = _our_lines(output)
+    assert len(lines) == 1, output
+    assert re.search(r"wrong allreduce result at 4 B \(float32\) on rank 1: element 0 is 4, expected 3", lines[0])
+    assert str(tmp_path / "w" / "run.json") in lines[0]
+    _no_rank_traceback(output)
+    meta = meta_of(tmp_path / "w")
+    assert meta["status"] == "failed" and "wrong allreduce result" in meta["error"]
+    rows = pd.read_csv(tmp_path / "w" / "allreduce.csv")
+    assert len(rows) == 1 and not rows.correct.iloc[0]
+    assert rows[["time_mean_s", "algbw_gbps", "busbw_gbps"]].isna().all(axis=None)  # no bandwidth for it
+    assert collectives.check_dir(tmp_path / "w") == []
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("impl", "prefix"),
+    [("torch", lambda: mpirun(2)), ("horovod", lambda: mpirun(2)), ("mpi4py", lambda: horovodrun(2, "--mpi"))],
+)
+def test_other_launchers_each_implementation_accepts(tmp_path, impl: str, prefix, horovod_available) -> None:
+    proc = run_ok([*prefix(), "allreduce", "--impl", impl, *SIZES, "--out", str(tmp_path), "--run-id", "r"], 180)
+    rows = pd.read_csv(tmp_path / "r" / "allreduce.csv")
+    assert rows.correct.all() and len(rows) == 3 and (rows.world_size == 2).all(), proc.stderr
+    assert meta_of(tmp_path / "r")["status"] == "completed"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("prefix", "argv", "code", "message"),
+    [
+        (lambda: torchrun(2), ["--impl", "mpi4py"], 1, "--impl mpi4py cannot run under torchrun; launch it with"),
+        (lambda: horovodrun(2, "--gloo"), ["--impl", "mpi4py"], 1, "cannot run under horovodrun --gloo"),
+        (lambda: mpirun(2), ["--impl", "torch", "--sizes", "6"], 2, "--sizes 6 is not a whole number"),
+    ],
+)
+def test_bad_input_under_a_launcher_is_said_once(tmp_path, prefix, argv, code: int, message: str) -> None:
+    proc = run_cmd([*prefix(), "allreduce", *argv, "--quiet", "--out", str(tmp_path)], timeout=130)
+    output = proc.stdout + proc.stderr
+    lines = _our_lines(output)
+    assert len(lines) == 1 and message in lines[0], output
+    assert proc.returncode == code, output
+    _no_rank_traceback(output)
+    assert not any(tmp_path.iterdir())
