@@ -1,13 +1,33 @@
-"""The report's "why" section: where a step's time goes (being written, issue 10)."""
+"""The report's "why": where each variant's step time goes, and what its gradient allreduce costs alone.
+
+A step is split three ways, per run, from summary.csv: `compute` (the compute baseline: the same steps on
+a bare copy of the model, no gradient communication), `exposed communication` (the median step minus
+compute: communication and framework overhead not hidden behind backward) and `other` (the timed window
+per step minus the median step: slow steps and the gaps between steps). When `distbench allreduce`
+results for the same world size are among the report's paths, each variant's gradient allreduce is
+looked up at its size (interpolated on log–log), which says how much of it the framework hides.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
+from benchmarks.analysis import collectives, stats, timeline
 from benchmarks.analysis.load import RunSet
+from benchmarks.run import recorder as results
+from benchmarks.suite import variants
+
+PARTS = ("compute_ms", "exposed_comm_ms", "other_ms")
+SETUP = ("workload", "world_size", "global_batch")
+REFERENCE_IMPL = "mpi4py"
 
 
 @dataclass
@@ -17,6 +37,222 @@ class Section:
     images: list[Path] = field(default_factory=list)
 
 
-def section(rs: RunSet, per_run: pd.DataFrame, paths: list[str | Path], out: Path) -> Section:
-    """Tables, plain sentences and figures that say why one backend is faster."""
-    return Section()
+def variant_of(backend: str, launcher: str, controller: Any) -> str:
+    """The `compare --backends` name of how a run was started: ddp@torchrun, horovod@mpi, single."""
+    controller = controller if isinstance(controller, str) else ""
+    for known in variants.KNOWN:
+        if (known.backend, known.launcher, known.controller) == (backend, launcher, controller):
+            return known.name
+    return f"{backend}@{launcher}"
+
+
+def impl_of(meta: dict[str, Any]) -> str | None:
+    """The `distbench allreduce` implementation that does this run's gradient allreduce."""
+    knobs = meta.get("knobs") or {}
+    if meta.get("backend") == "ddp":
+        return f"torch-{knobs.get('dist_backend', 'gloo')}"
+    if meta.get("backend") == "horovod" and knobs.get("controller"):
+        return f"horovod-{knobs['controller']}"
+    return None
+
+
+def per_run(rs: RunSet) -> pd.DataFrame:
+    """One row per completed run with a step breakdown in ms (NaN parts when the run had no baseline)."""
+    rows = []
+    for run in rs.runs.to_dict("records"):
+        run_dir = Path(run["run_key"])
+        summary_path = run_dir / results.SUMMARY_CSV
+        if run.get("status") != "completed" or not summary_path.is_file():
+            continue
+        summary = pd.read_csv(summary_path).iloc[0]
+        meta = json.loads((run_dir / results.RUN_JSON).read_text())
+        step = summary["step_p50_s"] * 1000
+        window = summary["wall_s"] / summary["timed_steps"] * 1000 if summary["timed_steps"] else np.nan
+        compute = summary.get("compute_s", np.nan) * 1000
+        trace = meta.get("trace") or {}
+        row = {
+            "run_key": run["run_key"], **{k: run[k] for k in SETUP},
+            "variant": variant_of(run["backend"], run["launcher"], (meta.get("knobs") or {}).get("controller")),
+            "impl": impl_of(meta), "dtype": "float16" if meta.get("config", {}).get("fp16_allreduce") else "float32",
+            "gradient_bytes": meta.get("gradient_bytes_per_step"), "step_ms": step, "compute_ms": compute,
+            "exposed_comm_ms": step - compute, "other_ms": window - step, "trace_files": trace.get("files", []),
+            "trace_steps": trace.get("steps"),
+        }  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _mean_ci(values: pd.Series) -> tuple[float, float, float]:
+    """Mean with a Student-t interval (NaN bounds with fewer than stats.MIN_RUNS values)."""
+    data = values.dropna().to_numpy(dtype=float)
+    if not len(data):
+        return np.nan, np.nan, np.nan
+    if len(data) < stats.MIN_RUNS:
+        return float(data.mean()), np.nan, np.nan
+    half = float(scipy_stats.sem(data) * scipy_stats.t.ppf(0.975, len(data) - 1))
+    return float(data.mean()), float(data.mean() - half), float(data.mean() + half)
+
+
+def _ms(value: float, lo: float = np.nan, hi: float = np.nan) -> str:
+    if np.isnan(value):
+        return "—"
+    return f"{value:.1f}" if np.isnan(lo) else f"{value:.1f} ({lo:.1f}–{hi:.1f})"
+
+
+def alone_ms(allreduce: pd.DataFrame | None, impl: str | None, world_size: int, dtype: str, nbytes: Any) -> float:
+    """`impl`'s allreduce of `nbytes` alone in ms, from `distbench allreduce` runs of that world size and
+    dtype; NaN when there are none or the size is outside the measured range."""
+    if allreduce is None or impl is None or not nbytes:
+        return np.nan
+    rows = allreduce[(allreduce.impl == impl) & (allreduce.world_size == world_size) & (allreduce.dtype == dtype)]
+    if not len(rows):
+        return np.nan
+    times = [t for t in collectives.time_at_size(rows.assign(label=impl), float(nbytes)).values() if t is not None]
+    return times[0] * 1000 if times else np.nan
+
+
+def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFrame:
+    """Per setup and variant: each part's mean over runs with its 95 % interval, the share of the step
+    that is exposed communication, and the gradient allreduce alone with the share of it hidden."""
+    rows = []
+    for key, group in runs.groupby([*SETUP, "variant"], sort=False):
+        setup, variant = key[:-1], key[-1]
+        first = group.iloc[0]
+        parts = {p: _mean_ci(group[p]) for p in ("step_ms", *PARTS)}
+        alone = alone_ms(allreduce, first["impl"], int(first["world_size"]), first["dtype"], first["gradient_bytes"])
+        exposed = parts["exposed_comm_ms"][0]
+        hidden = min(1.0, max(0.0, 1 - exposed / alone)) if alone > 0 and not np.isnan(exposed) else np.nan
+        rows.append({
+            **dict(zip(SETUP, setup, strict=True)), "variant": variant, "runs": len(group),
+            **{p: _ms(*parts[p]) for p in ("step_ms", *PARTS)},
+            "exposed_share": f"{exposed / parts['step_ms'][0]:.0%}" if not np.isnan(exposed) else "—",
+            "gradient_mb": (first["gradient_bytes"] or 0) / 1e6, "allreduce_alone_ms": alone,
+            "hidden_share": "—" if np.isnan(hidden) else f"{hidden:.0%}",
+            "interval": stats.no_interval_reason(len(group)) or "95 % t-interval over runs",
+            **{f"raw_{p}": parts[p][0] for p in ("step_ms", *PARTS)},
+            "raw_impl": first["impl"], "raw_dtype": first["dtype"],
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None) -> list[str]:
+    """One plain sentence per variant against the first variant of its setup."""
+    said = []
+    for _, group in table.groupby(list(SETUP), sort=False):
+        base = group.iloc[0]
+        for row in group.iloc[1:].itertuples():
+            setup = f"{row.workload}, {row.world_size} ranks, global batch {row.global_batch}"
+            if np.isnan(row.raw_exposed_comm_ms) or np.isnan(base.raw_exposed_comm_ms):
+                said.append(f"{setup}: no compute baseline in some runs (--compute-baseline-steps 0 or an older "
+                            "run), so their step cannot be split")  # fmt: skip
+                continue
+            text = (
+                f"{setup}: a {row.variant} step takes {row.raw_step_ms:.1f} ms vs {base.raw_step_ms:.1f} ms for "
+                f"{base.variant}; compute alone {row.raw_compute_ms:.1f} vs {base.raw_compute_ms:.1f} ms, exposed "
+                f"communication and overhead {row.raw_exposed_comm_ms:.1f} vs {base.raw_exposed_comm_ms:.1f} ms "
+                f"({row.exposed_share} vs {base.exposed_share} of the step)"
+            )
+            if row.allreduce_alone_ms == row.allreduce_alone_ms and base.allreduce_alone_ms == base.allreduce_alone_ms:
+                text += (
+                    f". Alone, its {row.gradient_mb:.2g} MB gradient allreduce takes {row.allreduce_alone_ms:.1f} ms "
+                    f"with {row.raw_impl} vs {base.allreduce_alone_ms:.1f} ms with {base.raw_impl}; "
+                    f"{row.variant} hides {row.hidden_share} of it behind compute, {base.variant} {base.hidden_share}"
+                )
+                beyond = [f"{r.variant} {r.raw_exposed_comm_ms - r.allreduce_alone_ms:.1f} ms" for r in (row, base)
+                          if r.raw_exposed_comm_ms > r.allreduce_alone_ms]  # fmt: skip
+                if beyond:
+                    text += f"; exposed time beyond the allreduce alone (framework overhead): {', '.join(beyond)}"
+            else:
+                text += (f"; no `distbench allreduce` results for {row.world_size} ranks ({row.raw_dtype}) among the "
+                         "report's paths to say what the allreduce costs alone")  # fmt: skip
+            said.append(text + f" (means of {row.runs} and {base.runs} runs; intervals in the table).")
+    return said
+
+
+def alone_table(table: pd.DataFrame, allreduce: pd.DataFrame) -> pd.DataFrame:
+    """Each setup's gradient size through every measured implementation (the reference mpi4py included)."""
+    rows = []
+    for (world, dtype, mb), _ in table.groupby(["world_size", "raw_dtype", "gradient_mb"], sort=False):
+        if not mb:
+            continue
+        row: dict[str, Any] = {"world_size": world, "dtype": dtype, "gradient_mb": mb}
+        for impl in dict.fromkeys(allreduce.impl):
+            ms = alone_ms(allreduce, impl, int(world), dtype, mb * 1e6)
+            row[f"{impl}_ms"] = ms
+            row[f"{impl}_busbw_gbps"] = mb * 1e6 / (ms / 1000) * 2 * (world - 1) / world / 1e9 if ms > 0 else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def figure(table: pd.DataFrame, path: Path) -> Path | None:
+    """Stacked bars per variant (and setup, where several): compute, exposed communication, other."""
+    shown = table.dropna(subset=["raw_compute_ms"])
+    if not len(shown):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    several = len(shown[list(SETUP)].drop_duplicates()) > 1
+    labels = [f"{r.variant}\n{r.workload} w{r.world_size}" if several else r.variant for r in shown.itertuples()]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(shown)), 3.8))
+    bottom = np.zeros(len(shown))
+    for part, colour in zip(PARTS, ("C0", "C3", "C7"), strict=True):
+        values = shown[f"raw_{part}"].to_numpy(dtype=float).clip(min=0)
+        ax.bar(labels, values, bottom=bottom, color=colour, label=part.removesuffix("_ms").replace("_", " "))
+        bottom += values
+    ax.set_ylabel("ms per step (mean over runs)")
+    ax.set_title("Where a step goes: compute vs exposed communication vs other")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def traces(runs: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """The traced runs: their files (linked from the report) and, for a Horovod timeline, ms per step."""
+    rows = []
+    for run in runs[runs.trace_files.map(len) > 0].to_dict("records"):
+        row: dict[str, Any] = {"variant": run["variant"], "run": Path(run["run_key"]).name}
+        for name in run["trace_files"]:
+            path = Path(run["run_key"]) / name
+            row["file"] = f"[{path.name}]({os.path.relpath(path, out)})"
+            if path.name.startswith("horovod_timeline") and path.is_file():
+                per_step = timeline.summarize(path, int(run["trace_steps"] or 1))
+                row.update({f"{k}_ms_per_step": v for k, v in per_step.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def section(rs: RunSet, per_run_stats: pd.DataFrame, paths: list[str | Path], out: Path) -> Section:
+    """Tables, plain sentences and figures that say why one variant is faster than another."""
+    runs = per_run(rs)
+    found = Section()
+    allreduce = None
+    try:
+        allreduce = collectives.load(*paths)
+    except FileNotFoundError:
+        pass
+    part = collectives.report_section(paths, out)
+    if part is not None:
+        found.tables.update({"Allreduce alone: bus bandwidth (GB/s)": part.busbw,
+                             "Allreduce alone: time per allreduce (µs)": part.time_us})  # fmt: skip
+        found.images += part.figures
+    if not len(runs):
+        return found
+    table = breakdown(runs, allreduce)
+    shown = table[[c for c in table.columns if not c.startswith("raw_")]]
+    if allreduce is None:
+        shown = shown.drop(columns=["allreduce_alone_ms", "hidden_share"])
+    found.tables = {"Why: where a step goes (ms per step)": shown, **found.tables}
+    if allreduce is not None and len(alone := alone_table(table, allreduce)):
+        found.tables["Why: each setup's gradient allreduce alone"] = alone
+    traced = traces(runs, out)
+    if len(traced):
+        found.tables["Traces (open in chrome://tracing or ui.perfetto.dev)"] = traced
+    found.sentences = sentences(table, allreduce)
+    image = figure(table, out / "why_breakdown.png")
+    found.images = [image, *found.images] if image is not None else found.images
+    return found
