@@ -131,6 +131,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return compare.command(args)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from benchmarks.suite import tune
+
+    return tune.command(args)
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from benchmarks.analysis import load, report
 
@@ -207,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare.add_arguments(cmp)
     cmp.set_defaults(func=_cmd_compare)
+
+    tune = sub.add_parser("tune", help="sweep each variant's communication knobs, then compare each at its best")
+    add_run_options(tune)
+    from benchmarks.suite import tune as tuning  # light: neither torch nor the analysis stack
+
+    tuning.add_arguments(tune)
+    tune.set_defaults(func=_cmd_tune)
 
     rep = sub.add_parser("report", help="tables, plots and report.md/report.html for runs or comparisons")
     rep.add_argument("paths", nargs="+", help="run directories, compare directories or globs")

@@ -29,8 +29,15 @@ def _markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def write(paths: list[str | Path], out: Path, formats: set[str], include_failed: bool = False) -> str:
-    """Write PNGs and report.md/report.html into `out`; return what was compared and the summary table."""
+def write(
+    paths: list[str | Path],
+    out: Path,
+    formats: set[str],
+    include_failed: bool = False,
+    extra: dict[str, pd.DataFrame] | None = None,
+) -> str:
+    """Write PNGs and report.md/report.html into `out`; return what was compared and the summary table.
+    `extra` adds tables of the caller's own at the end (tune's default vs tuned)."""
     rs = load.load_runs(*paths, include_failed=include_failed)
     for line in rs.skipped:
         print(f"distbench: left out {line}", file=sys.stderr)
@@ -65,6 +72,7 @@ def write(paths: list[str | Path], out: Path, formats: set[str], include_failed:
             "Scaling (efficiency T(n) / (n × T(1)): each variant against its own 1-rank runs and against single)"
         ] = scale
     sections.update(explained.tables)
+    sections.update(extra or {})
     if explained.sentences:
         summary += "\n\nWhy:\n" + "\n".join(f"- {line}" for line in explained.sentences)
     if "md" in formats:

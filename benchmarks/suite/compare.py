@@ -28,7 +28,7 @@ from benchmarks import config
 from benchmarks.config import InputError, RunConfig
 from benchmarks.run import workloads
 from benchmarks.suite import variants
-from benchmarks.suite.variants import Variant
+from benchmarks.suite.variants import Job, jobs_for
 
 # The embedded default, used only when no --workload is given: a communication-heavy model (so the
 # two frameworks' allreduce strategies differ) in one epoch of 80 timed steps. Launcher start-up,
@@ -54,24 +54,29 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         "transformer's own --lr and --batch-size; with --workload W they default to run's and W's own. "
         "compare prints the options in effect before it starts."
     )
+    add_variant_options(cmp, scaling=True)
+    add_preset_defaults(cmp)
+
+
+def add_variant_options(cmp: argparse.ArgumentParser, scaling: bool) -> None:
+    """--backends, --nproc, --repeats, --launcher (and with `scaling`, --nproc lists and --global-batch)."""
     cmp.add_argument(
         "--backends",
         default=None,
         help=f"comma-separated variants BACKEND[@LAUNCHER]: {variants.valid_names()} "
         f"(default: {variants.DEFAULT}; with --launcher: {variants.DEFAULT_WITH_LAUNCHER})",
     )
-    cmp.add_argument(
-        "--nproc",
-        default="2",
-        help="ranks per variant, or a comma-separated list of world sizes for a scaling study, e.g. 1,2,4 (default: 2)",
-    )
-    cmp.add_argument(
-        "--global-batch",
-        type=int,
-        default=None,
-        help="strong scaling: keep this global batch at every world size (per-rank batch = G ÷ (ranks × "
-        "--accumulate), which must divide); not with --batch-size (default: weak scaling, a fixed per-rank batch)",
-    )
+    lists = ", or a comma-separated list of world sizes for a scaling study, e.g. 1,2,4" if scaling else ""
+    cmp.add_argument("--nproc", default="2", help=f"ranks per variant{lists} (default: 2)")
+    if scaling:
+        cmp.add_argument(
+            "--global-batch",
+            type=int,
+            default=None,
+            help="strong scaling: keep this global batch at every world size (per-rank batch = G ÷ (ranks × "
+            "--accumulate), which must divide); not with --batch-size (default: weak scaling, a fixed per-rank "
+            "batch)",
+        )
     cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats per variant (default: 3)")
     cmp.add_argument(
         "--launcher",
@@ -81,6 +86,11 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         "--gloo or mpirun); a BACKEND@LAUNCHER variant keeps its own, and single always runs under python "
         f"(default: {', '.join(f'{b} → {v}' for b, v in variants.BARE.items())})",
     )
+
+
+def add_preset_defaults(cmp: argparse.ArgumentParser) -> None:
+    """The preset's defaults for the run options already added, and --help texts that say so."""
+    rest = {k: v for k, v in PRESET.items() if k != "workload"}
     # None = "not given": the preset fills these only when --workload is not given either.
     cmp.set_defaults(**dict.fromkeys(PRESET))
     run_defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
@@ -110,59 +120,6 @@ def effective_config(args: argparse.Namespace) -> tuple[RunConfig, bool]:
     given = {k: v for k, v in vars(args).items() if k in PRESET and v is not None}
     cfg = config.from_namespace(RunConfig, argparse.Namespace(**{**vars(args), **fill, **given}))
     return workloads.resolve(cfg), preset
-
-
-def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
-    """The options of a one-process backend in a compare of `nproc` ranks: the same global batch."""
-    assert cfg.batch_size is not None
-    return dataclasses.replace(cfg, batch_size=cfg.batch_size * nproc)
-
-
-@dataclass
-class Job:
-    """One variant at one world size: what each of its repeats runs."""
-
-    variant: Variant
-    nproc: int
-    """The compare's world size this job stands for (a one-process variant still starts one process)."""
-    cfg: RunConfig
-    """The run options this job's processes get (its per-rank batch already worked out)."""
-    knobs: list[str]
-    """The variant's own backend options (--bucket-cap-mb 5, …), after the run options."""
-    threads: int
-    """OMP_NUM_THREADS for its launcher: the same for every variant at one world size."""
-    run_prefix: str
-    """Its runs are <run_prefix>-r<repeat>."""
-
-    @property
-    def ranks(self) -> int:
-        return 1 if self.variant.backend in backends.ONE_PROCESS else self.nproc
-
-    def command(self, root: Path, run_id: str) -> list[str]:
-        plain = config.to_argv(dataclasses.replace(self.cfg, out=RunConfig.out, run_id=None))
-        return [*variants.launcher_command(self.variant, self.ranks), "run", "--backend", self.variant.backend,
-                *plain, *self.knobs, "--out", str(root), "--run-id", run_id]  # fmt: skip
-
-
-def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_batch: int | None,
-             knobs: dict[str, list[str]], threads: int | None = None) -> list[Job]:  # fmt: skip
-    """One job per world size and variant, in the order they interleave. Weak scaling (no `global_batch`)
-    keeps cfg's per-rank batch; strong gives each world size global_batch ÷ (ranks × accumulate) per rank.
-    A one-process variant gets the whole global batch, so it trains on the samples the others do."""
-    batches = variants.per_rank_batches(global_batch, sizes, cfg.accumulate) if global_batch else {}
-    jobs = []
-    for n in sizes:
-        at_n = dataclasses.replace(cfg, batch_size=batches.get(n, cfg.batch_size))
-        for v in chosen:
-            mine = one_process(at_n, n) if v.backend in backends.ONE_PROCESS else at_n
-            prefix = v.slug if len(sizes) == 1 else f"{v.slug}-w{n}"
-            jobs.append(Job(v, n, mine, knobs.get(v.backend, []), threads or default_threads(n), prefix))
-    return jobs
-
-
-def default_threads(local_ranks: int) -> int:
-    """The harness's rule (cores ÷ local ranks), without importing torch here."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
 
 
 def describe(cfg: RunConfig, preset: bool, jobs: list[Job], repeats: int, global_batch: int | None = None) -> str:

@@ -9,14 +9,16 @@ Imported by the parser of every `distbench` process, ranks included: no torch, n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from benchmarks import launch
-from benchmarks.config import InputError
+import backends
+from benchmarks import config, launch
+from benchmarks.config import InputError, RunConfig
 
 
 @dataclass(frozen=True)
@@ -142,3 +144,56 @@ def per_rank_batches(global_batch: int, sizes: list[int], accumulate: int) -> di
                 f"(per-rank batch = global batch ÷ (ranks × accumulate)); give a multiple of {need}"
             )
     return {n: global_batch // (n * accumulate) for n in sizes}
+
+
+def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
+    """The options of a one-process backend in a compare of `nproc` ranks: the same global batch."""
+    assert cfg.batch_size is not None
+    return dataclasses.replace(cfg, batch_size=cfg.batch_size * nproc)
+
+
+@dataclass
+class Job:
+    """One variant at one world size: what each of its repeats runs."""
+
+    variant: Variant
+    nproc: int
+    """The compare's world size this job stands for (a one-process variant still starts one process)."""
+    cfg: RunConfig
+    """The run options this job's processes get (its per-rank batch already worked out)."""
+    knobs: list[str]
+    """The variant's own backend options (--bucket-cap-mb 5, …), after the run options."""
+    threads: int
+    """OMP_NUM_THREADS for its launcher: the same for every variant at one world size."""
+    run_prefix: str
+    """Its runs are <run_prefix>-r<repeat>."""
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.variant.backend in backends.ONE_PROCESS else self.nproc
+
+    def command(self, root: Path, run_id: str) -> list[str]:
+        plain = config.to_argv(dataclasses.replace(self.cfg, out=RunConfig.out, run_id=None))
+        return [*launcher_command(self.variant, self.ranks), "run", "--backend", self.variant.backend,
+                *plain, *self.knobs, "--out", str(root), "--run-id", run_id]  # fmt: skip
+
+
+def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_batch: int | None,
+             knobs: dict[str, list[str]], threads: int | None = None) -> list[Job]:  # fmt: skip
+    """One job per world size and variant, in the order they interleave. Weak scaling (no `global_batch`)
+    keeps cfg's per-rank batch; strong gives each world size global_batch ÷ (ranks × accumulate) per rank.
+    A one-process variant gets the whole global batch, so it trains on the samples the others do."""
+    batches = per_rank_batches(global_batch, sizes, cfg.accumulate) if global_batch else {}
+    jobs = []
+    for n in sizes:
+        at_n = dataclasses.replace(cfg, batch_size=batches.get(n, cfg.batch_size))
+        for v in chosen:
+            mine = one_process(at_n, n) if v.backend in backends.ONE_PROCESS else at_n
+            prefix = v.slug if len(sizes) == 1 else f"{v.slug}-w{n}"
+            jobs.append(Job(v, n, mine, knobs.get(v.backend, []), threads or default_threads(n), prefix))
+    return jobs
+
+
+def default_threads(local_ranks: int) -> int:
+    """The harness's rule (cores ÷ local ranks), without importing torch here."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))

@@ -1,0 +1,253 @@
+"""`distbench tune`: each variant at its own best communication knobs, then the comparison at those.
+
+1. Sweep: every grid point of a variant's backend (DDP bucket size × gradient-as-bucket-view, Horovod
+   fusion threshold × cycle time) in short runs (--tune-steps, --tune-repeats), interleaved; tune.csv
+   holds every run and each point's geometric mean; `best` marks each variant's argmax.
+2. Final: each variant at its default knobs and at its sweep best, --repeats each, interleaved. The
+   best is kept only when its gain over the default has a 95 % interval above 1 (Welch, on log
+   throughput); within noise, or without an interval (< 3 repeats), the default is kept.
+3. tuned.csv (default vs tuned per variant) and a report of the final runs at the chosen knobs.
+
+Imported by the parser of every `distbench` process: no torch, no analysis stack at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import backends
+from benchmarks import config
+from benchmarks.config import InputError
+from benchmarks.suite import compare, variants
+from benchmarks.suite.variants import Job, Variant
+
+DEFAULT_GRID: dict[str, dict[str, list[Any]]] = {
+    "ddp": {"bucket_cap_mb": [1.0, 5.0, 25.0, 100.0], "gradient_as_bucket_view": [False, True]},
+    "horovod": {"fusion_threshold_mb": [0.0, 1.0, 32.0, 128.0], "cycle_time_ms": [0.5, 1.0, 5.0]},
+}
+"""Each backend's own communication knobs (fields of its options dataclass); benchmarks/grids/default.toml."""
+TUNE_STEPS = 30
+TUNE_CSV, TUNED_CSV = "tune.csv", "tuned.csv"
+DEFAULT_TIME = "about 9 minutes"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """tune's own options; call after the run options are added (compare's preset applies, as in compare)."""
+    parser.description = (
+        "Sweep each variant's own communication knobs in short runs, pick each one's best by throughput, then "
+        "run each variant at its default and at its best with full repeats and keep the best only when its gain "
+        f"is beyond noise. With no options: {variants.DEFAULT} on compare's transformer preset, 2 ranks, "
+        f"{DEFAULT_TIME} on 2 cores."
+    )
+    compare.add_variant_options(parser, scaling=False)
+    parser.add_argument(
+        "--grid",
+        default=None,
+        help="TOML file: a [ddp] and/or [horovod] table of option = [values], e.g. bucket_cap_mb = [5, 25]; "
+        "its tables replace the default grid's (default: benchmarks/grids/default.toml: "
+        + "; ".join(f"{b} {' × '.join(f'{k} {v}' for k, v in g.items())}" for b, g in DEFAULT_GRID.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--tune-steps",
+        type=int,
+        default=TUNE_STEPS,
+        help=f"steps of each sweep run, warm-up included (one epoch) (default: {TUNE_STEPS})",
+    )
+    parser.add_argument("--tune-repeats", type=int, default=1, help="repeats of each sweep point (default: 1)")
+    compare.add_preset_defaults(parser)
+
+
+def load_grid(path: str | None) -> dict[str, dict[str, list[Any]]]:
+    """The grid to sweep: the default, with each backend table of `path` replacing the default's."""
+    if path is None:
+        return DEFAULT_GRID
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError as exc:
+            raise InputError("--grid needs Python 3.11+ or `pip install tomli`") from exc
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read --grid {path}: {exc.strerror}; give a readable TOML file") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"--grid {path} is not valid TOML: {exc}") from exc
+    grid = dict(DEFAULT_GRID)
+    for backend, table in data.items():
+        known = [n for n in backends.NAMES if n not in backends.ONE_PROCESS]
+        if backend not in known or not isinstance(table, dict):
+            raise InputError(f"--grid {path}: [{backend}] is not a backend table; use [{'] or ['.join(known)}]")
+        fields = {f.name: f for f in dataclasses.fields(backends.get(backend).options_type)}
+        checked: dict[str, list[Any]] = {}
+        for key, values in table.items():
+            if key not in fields:
+                raise InputError(f"--grid {path}: [{backend}] has no option {key!r}; known: {', '.join(fields)}")
+            values = values if isinstance(values, list) else [values]
+            kind = bool if fields[key].type in ("bool", bool) else float if "float" in str(fields[key].type) else None
+            if not values or (
+                kind and not all(isinstance(v, (bool if kind is bool else (int, float))) for v in values)
+            ):
+                raise InputError(
+                    f"--grid {path}: [{backend}] {key} needs a list of {kind.__name__ if kind else 'values'}"
+                )
+            checked[key] = [kind(v) if kind else v for v in values]
+        grid[backend] = checked
+    return grid
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, the first option varying slowest."""
+    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def knob_argv(options: Any, point: dict[str, Any]) -> list[str]:
+    return config.to_argv(dataclasses.replace(options, **point))
+
+
+def describe_point(point: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()) or "default"
+
+
+def command(args: argparse.Namespace) -> int:
+    """`distbench tune`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
+    from benchmarks import cli
+
+    started = time.perf_counter()
+    try:
+        cfg, _ = compare.effective_config(args)
+        chosen = variants.parse(args.backends, args.launcher)
+        nproc = variants.parse_nproc(args.nproc)
+        if len(nproc) != 1:
+            raise InputError("tune runs one world size: give --nproc N (a scaling study is `compare --nproc 1,2,4`)")
+        if min(args.repeats, args.tune_repeats, args.tune_steps) < 1:
+            raise InputError("--repeats, --tune-repeats and --tune-steps must be positive integers")
+        grid = load_grid(args.grid)
+        sweep_cfg = dataclasses.replace(
+            cfg, epochs=1, steps_per_epoch=min(cfg.steps_per_epoch or 10**9, args.tune_steps)
+        )
+        if sweep_cfg.steps_per_epoch <= cfg.warmup_steps:
+            raise InputError(f"--tune-steps {args.tune_steps} leaves no timed step after --warmup-steps "
+                             f"{cfg.warmup_steps}; raise --tune-steps")  # fmt: skip
+        own = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
+        sweep, points = [], {}
+        for v in chosen:
+            points[v.name] = grid_points(grid.get(v.backend, {})) if v.backend not in backends.ONE_PROCESS else []
+            for i, point in enumerate(points[v.name]):
+                [job] = variants.jobs_for(sweep_cfg, [v], nproc, None, {v.backend: knob_argv(own[v.backend], point)})
+                sweep.append(dataclasses.replace(job, run_prefix=f"{v.slug}-p{i}"))
+        finals = variants.jobs_for(cfg, chosen, nproc, None, {b: config.to_argv(o) for b, o in own.items()})
+        compare.check_jobs([*sweep, *finals], cli.validate)
+        root = compare.make_compare_dir(
+            Path(cfg.out), cfg.run_id or compare.new_compare_id().replace("compare", "tune")
+        )
+    except InputError as exc:
+        print(f"distbench: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    sizes = ", ".join(f"{v.name} {len(points[v.name])} points" for v in chosen)
+    print(f"distbench tune: sweep {sizes}, {args.tune_repeats} repeat(s) of {sweep_cfg.steps_per_epoch} steps; "
+          f"then default and best with {args.repeats} repeats each; {nproc[0]} ranks", file=sys.stderr)  # fmt: skip
+    attempts = compare.run_jobs(sweep, args.tune_repeats, root / "sweep", label="tune sweep")
+    table = write_tune_csv(root, attempts, sweep, points)
+    best = {v.name: best_point(table, v.name, points[v.name]) for v in chosen}
+    final_jobs = []
+    for job in finals:
+        v, point = job.variant, best[job.variant.name]
+        final_jobs.append(dataclasses.replace(job, run_prefix=f"{v.slug}-default"))
+        if point is not None and knob_argv(own[v.backend], point) != job.knobs:
+            final_jobs.append(
+                dataclasses.replace(job, knobs=knob_argv(own[v.backend], point), run_prefix=f"{v.slug}-best")
+            )
+    final = compare.run_jobs(final_jobs, args.repeats, root / "final", label="tune final")
+    print(finish(root, final, final_jobs, best, chosen))
+    print(f"time: {time.perf_counter() - started:.1f} s wall; {len(attempts)} sweep runs, {len(final)} final runs")
+    print(root)
+    return 0 if all(a.returncode == 0 for a in [*attempts, *final]) else 1
+
+
+def write_tune_csv(root: Path, attempts: list[compare.Attempt], jobs: list[Job], points: dict[str, list]) -> Any:
+    """tune.csv: one row per sweep run with its point's knobs, and the point's geometric mean and CI."""
+    import pandas as pd
+
+    from benchmarks.analysis import stats
+
+    full, _ = compare.comparison_frame(root / "sweep", attempts, jobs, compare.WEAK)
+    prefix = {j.run_prefix: (j.variant, int(j.run_prefix.rsplit("-p", 1)[1])) for j in jobs}
+    rows = []
+    for row in full.to_dict("records"):
+        variant, index = prefix[row["run_id"].rsplit("-r", 1)[0]]
+        point = points[variant.name][index]
+        facts = {c: row.get(c) for c in ("repeat", "run_id", "status", "samples_per_s", "timed_wall_s")}
+        rows.append({"variant": variant.name, "backend": variant.backend, "point_index": index,
+                     "point": describe_point(point), **point, **facts})  # fmt: skip
+    table = pd.DataFrame(rows)
+    ok = table.samples_per_s.where(table.status == "completed")
+    for _, group in ok.groupby([table.variant, table.point], sort=False):
+        mean, lo, hi = stats.log_ci(group.dropna())
+        table.loc[group.index, ["point_samples_per_s", "point_ci_low", "point_ci_high"]] = [mean, lo, hi]
+    table["best"] = False
+    for _, group in table.groupby("variant", sort=False):
+        if group.point_samples_per_s.notna().any():
+            top = group.point_samples_per_s.max()
+            table.loc[group.index, "best"] = group.point_samples_per_s == top
+    table.to_csv(root / TUNE_CSV, index=False)
+    return table
+
+
+def best_point(table: Any, variant: str, points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The knobs of the variant's best sweep point (tune.csv's argmax), None when none completed."""
+    rows = table[(table.variant == variant) & table.best] if len(table) else table
+    return points[int(rows.point_index.iloc[0])] if len(rows) else None
+
+
+def finish(root: Path, attempts: list[compare.Attempt], jobs: list[Job], best: dict, chosen: list[Variant]) -> str:
+    """tuned.csv (default vs best per variant, the gain with its CI, what was kept and why), the report of the
+    final runs at the kept knobs; returns the terminal text."""
+    import pandas as pd
+
+    from benchmarks.analysis import load, report, stats, tables
+
+    full, _ = compare.comparison_frame(root / "final", attempts, jobs, compare.WEAK)
+    full = full.assign(setting=full.run_id.str.rsplit("-", n=2).str[-2])  # <slug>-default-rN / <slug>-best-rN
+    full.reindex(columns=[*compare.COMPARISON_COLUMNS, "setting"]).to_csv(
+        root / "final" / "comparison.csv", index=False
+    )
+    rows, kept = [], []
+    for v in chosen:
+        mine = full[(full.variant == v.name) & (full.status == "completed")]
+        default, tuned = mine[mine.setting == "default"].samples_per_s, mine[mine.setting == "best"].samples_per_s
+        point = best.get(v.name)
+        gain, lo, hi = stats.ratio_ci(tuned, default) if len(tuned) else (1.0, float("nan"), float("nan"))
+        if not len(tuned):
+            keep, why = "default", "no knobs to tune" if point is None else "the default is the sweep's best"
+        elif not lo == lo:  # NaN: fewer than 3 runs of each
+            keep, why = "default", f"{stats.no_interval_reason(min(len(tuned), len(default)))}: default kept"
+        elif lo > 1.0:
+            keep, why = "best", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) beyond noise"
+        else:
+            keep, why = "default", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) within noise: default kept"
+        rows.append({"variant": v.name, "backend": v.backend, "best": describe_point(point or {}),
+                     "default_samples_per_s": stats.log_ci(default)[0], "tuned_samples_per_s": stats.log_ci(tuned)[0],
+                     "gain": gain, "gain_low": lo, "gain_high": hi, "kept": keep, "why": why})  # fmt: skip
+        kept += [str(root / "final" / r) for r in mine[mine.setting == keep].run_id]
+    tuned_table = pd.DataFrame(rows)
+    tuned_table.to_csv(root / TUNED_CSV, index=False)
+    text = "default vs tuned (gain: Welch 95% CI on log throughput; the best is kept only when the CI is above 1):\n"
+    text += tuned_table[["variant", "best", "gain", "gain_low", "gain_high", "kept", "why"]].to_string(index=False)
+    if kept:
+        at_kept = load.load_runs(*kept, include_failed=True)
+        per_run = tables.per_run_stats(at_kept)
+        text += "\n\nat the kept knobs:\n" + tables.format_table(
+            tables.backend_table(per_run), tables.loss_agreement(at_kept)
+        )
+        report.write(kept, root / "report", {"md", "html"}, extra={"Default vs tuned (distbench tune)": tuned_table})
+        text += f"\nreport: {root / 'report' / 'report.html'}"
+    return text

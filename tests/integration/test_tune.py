@@ -1,0 +1,44 @@
+"""`distbench tune` end to end on a 2 × 2 grid: it picks the argmax of its own tune.csv."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from tests.conftest import BIN, run_ok
+
+TINY = ["--workload", "linear", "--epochs", "1", "--steps-per-epoch", "8", "--warmup-steps", "1", "--train-size", "512",
+        "--val-size", "64", "--batch-size", "8", "--quiet"]  # fmt: skip
+
+
+@pytest.mark.timeout(240)
+def test_tune_on_a_two_by_two_grid_picks_the_argmax_of_its_tune_csv(tmp_path) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text("[ddp]\nbucket_cap_mb = [1, 25]\ngradient_as_bucket_view = [false, true]\n")
+    cmd = [str(BIN / "distbench"), "tune", "--backends", "ddp", "--grid", str(grid), "--repeats", "1",
+           "--tune-repeats", "1", "--tune-steps", "6", *TINY, "--out", str(tmp_path), "--run-id", "t"]  # fmt: skip
+    proc = run_ok(cmd, timeout=220)
+    root = tmp_path / "t"
+    sweep = pd.read_csv(root / "tune.csv")
+    assert len(sweep) == 4 and (sweep.status == "completed").all()
+    assert set(zip(sweep.bucket_cap_mb, sweep.gradient_as_bucket_view, strict=True)) == {
+        (1.0, False), (1.0, True), (25.0, False), (25.0, True)
+    }  # fmt: skip
+    argmax = sweep.loc[sweep.samples_per_s.idxmax()]  # one repeat: a point's mean is its run
+    assert sweep.best.sum() == 1 and sweep.loc[sweep.best, "point"].item() == argmax.point
+    tuned = pd.read_csv(root / "tuned.csv").set_index("variant")
+    assert tuned.loc["ddp@torchrun", "best"] == argmax.point
+    # Either the default won the sweep, or one final repeat gives no interval: the default is kept, and why is said.
+    default_won = argmax.point == "bucket_cap_mb=25 gradient_as_bucket_view=False"
+    why = "the default is the sweep's best" if default_won else "no interval"
+    assert tuned.loc["ddp@torchrun", "kept"] == "default" and why in tuned.loc["ddp@torchrun", "why"]
+    final = pd.read_csv(root / "final" / "comparison.csv")
+    expect = ["default"] if default_won else ["default", "best"]
+    assert list(final.setting) == expect and (final.status == "completed").all()
+    if "best" in expect:  # the best point's knobs reached the run
+        flags = final.loc[final.setting == "best", "command"].item()
+        assert f"--bucket-cap-mb {argmax.bucket_cap_mb}" in flags or argmax.bucket_cap_mb == 25.0
+        assert ("--gradient-as-bucket-view" in flags) == bool(argmax.gradient_as_bucket_view)
+    assert "default vs tuned" in proc.stdout and proc.stdout.strip().splitlines()[-1] == str(root)
+    md = (root / "report" / "report.md").read_text()
+    assert "## Default vs tuned (distbench tune)" in md
