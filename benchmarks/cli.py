@@ -51,6 +51,16 @@ def validate(backend: str, cfg: RunConfig) -> None:
         raise InputError(f"--compute-baseline-steps must be >= 0 (0 turns it off), got {cfg.compute_baseline_steps}")
     if cfg.trace_steps < 1:
         raise InputError(f"--trace-steps must be a positive integer, got {cfg.trace_steps}")
+    if cfg.workers < 0:
+        raise InputError(f"--workers must be >= 0 (0 loads in the training process), got {cfg.workers}")
+    if cfg.prefetch_factor < 1:
+        raise InputError(f"--prefetch-factor must be a positive integer, got {cfg.prefetch_factor}")
+    from benchmarks.run import workloads  # torch-free: names and size arguments are checked without torch
+
+    try:
+        workloads.parse(cfg.workload)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
     if cfg.steps_per_epoch is not None and cfg.epochs * cfg.steps_per_epoch <= cfg.warmup_steps:
         raise config.no_timed_steps(cfg, cfg.steps_per_epoch)
     if cfg.inject_fault:

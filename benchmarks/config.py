@@ -25,7 +25,12 @@ WORKLOAD_DEFAULT = "the workload's"
 class RunConfig:
     """What to train and how; identical for every backend."""
 
-    workload: str = _opt("mlp", "workload name (linear, mlp, cnn, transformer) or package.module:factory")
+    workload: str = _opt(
+        "mlp",
+        "workload: linear, mlp, cnn, transformer, with size arguments (transformer:dim=256,layers=8); a preset "
+        "(gpt2-small, cnn-25m); hf:MODEL (hf:gpt2, hf:bert-base-uncased, hf:GPT2Config:n_layer=2); "
+        "or package.module:factory",
+    )
     epochs: int = _opt(2, "number of epochs")
     steps_per_epoch: int | None = _opt(None, "cap on optimizer steps per epoch", "one pass")
     batch_size: int | None = _opt(
@@ -34,9 +39,19 @@ class RunConfig:
     train_size: int | None = _opt(None, "training samples", WORKLOAD_DEFAULT)
     val_size: int | None = _opt(None, "validation samples", WORKLOAD_DEFAULT)
     lr: float | None = _opt(
-        None, "learning rate of SGD (momentum 0.9), the same for every backend, never scaled", WORKLOAD_DEFAULT
+        None, "learning rate of the optimizer, the same for every backend, never scaled", WORKLOAD_DEFAULT
+    )
+    optimizer: str = _opt(
+        "sgd",
+        "sgd (momentum 0.9) or adamw (PyTorch's defaults otherwise); a workload's own optimizer factory wins",
+        choices=("sgd", "adamw"),
     )
     seed: int = _opt(0, "seed for data, initial weights and shuffling")
+    workers: int = _opt(0, "DataLoader worker processes per rank (num_workers) for a Dataset or with --dataloader")
+    prefetch_factor: int = _opt(2, "batches each DataLoader worker loads ahead (with --workers > 0)")
+    dataloader: bool = _opt(
+        False, "feed in-memory tensor workloads through a DataLoader too (a Dataset always goes through one)"
+    )
     warmup_steps: int = _opt(5, "first steps flagged warm-up and left out of summary.csv")
     device: str = _opt("cpu", "cpu or cuda (one GPU per local rank)", choices=("cpu", "cuda"))
     threads: int | None = _opt(None, "torch intra-op threads per rank, set under every launcher", "cores ÷ local ranks")

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 import backends
 from backends.base import Backend
 from benchmarks import config, environment, launch
 from benchmarks.config import InputError, RunConfig
-from benchmarks.run import faults, guard, workloads
+from benchmarks.run import data, faults, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer
 
@@ -103,6 +104,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def _first_two(samples: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples 0 and 1 as one batch, collated as a DataLoader would."""
+    if isinstance(samples, tuple):
+        return samples[0][:2], samples[1][:2]
+    return default_collate([samples[i] for i in range(min(2, len(samples)))])
+
+
 def check_workload(workload: workloads.Workload, name: str) -> None:
     """Catch a malformed workload up front, in one line.
 
@@ -114,16 +122,35 @@ def check_workload(workload: workloads.Workload, name: str) -> None:
         return InputError(f"workload '{name}': {text}")
 
     for split in ("train", "val"):
-        data = getattr(workload, split)
-        if not (isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data)):
-            raise problem(f"{split} must be a tuple (inputs, targets) of tensors")
-        if len(data[0]) != len(data[1]) or len(data[0]) == 0:
-            raise problem(f"{split} has {len(data[0])} inputs and {len(data[1])} targets; both must be equal and > 0")
+        samples = getattr(workload, split)
+        if isinstance(samples, tuple):
+            if not (len(samples) == 2 and all(isinstance(t, torch.Tensor) for t in samples)):
+                raise problem(f"{split} must be a tuple (inputs, targets) of tensors or a map-style Dataset")
+            if len(samples[0]) != len(samples[1]) or len(samples[0]) == 0:
+                raise problem(
+                    f"{split} has {len(samples[0])} inputs and {len(samples[1])} targets; both must be equal and > 0"
+                )
+            continue
+        if not isinstance(samples, Dataset) or isinstance(samples, IterableDataset) or not hasattr(samples, "__len__"):
+            raise problem(
+                f"{split} is {type(samples).__name__}; give a tuple (inputs, targets) of tensors or a map-style "
+                "torch.utils.data.Dataset with __len__ and __getitem__"
+            )
+        try:
+            count, item = len(samples), samples[0] if len(samples) else None
+        except Exception as exc:
+            raise problem(f"reading {split}[0] failed: {_describe(exc)}") from exc
+        if count == 0:
+            raise problem(f"{split} is an empty Dataset")
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise problem(
+                f"{split}[0] is {type(item).__name__}; a Dataset's item i must be the pair (input, target) of sample i"
+            )
     try:
         model = workload.build_model()
         if not isinstance(model, torch.nn.Module):
             raise problem(f"build_model() returned {type(model).__name__}, not a torch.nn.Module")
-        x, y = workload.train[0][:2], workload.train[1][:2]
+        x, y = _first_two(workload.train)
         model.eval()  # a throwaway copy: no BatchNorm statistics of the real model move
         with torch.no_grad():
             out = model(x)
@@ -133,7 +160,7 @@ def check_workload(workload: workloads.Workload, name: str) -> None:
     except InputError:
         raise
     except Exception as exc:
-        raise problem(f"a forward pass and loss on 2 training samples failed: {_describe(exc)}") from exc
+        raise problem(f"a forward pass and loss on the first training samples failed: {_describe(exc)}") from exc
     for fn, value in checks.items():
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         if shape != (len(x),):
@@ -150,11 +177,12 @@ def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     check_workload(workload, cfg.workload)
-    shard = len(workload.train[0]) // world_size
+    train_size = data.size(workload.train)
+    shard = train_size // world_size
     if shard < cfg.batch_size * cfg.accumulate:
         raise InputError(
             f"--batch-size {cfg.batch_size} × --accumulate {cfg.accumulate} is larger than each rank's share "
-            f"of the {len(workload.train[0])} training samples ({shard} on {world_size} ranks); "
+            f"of the {train_size} training samples ({shard} on {world_size} ranks); "
             "lower --batch-size or raise --train-size"
         )
     steps = shard // cfg.batch_size // cfg.accumulate  # what sharding.train_batches gives each rank
@@ -245,11 +273,12 @@ def run(
             "local_world_size": info.local_world_size, "workload": cfg.workload,
             "oversubscribed": oversubscribed(info.local_world_size),
             "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
-            "train_size": len(workload.train[0]), "val_size": len(workload.val[0]),
+            "train_size": data.size(workload.train), "val_size": data.size(workload.val),
+            "workload_args": workload.args,
             "config": {**(given or {}), **dataclasses.asdict(cfg), **dataclasses.asdict(options)},
             "workload_source": workloads.source(cfg.workload), "knobs": {}, "threads": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-            "optimizer": {"name": "SGD", "lr": cfg.lr, "momentum": 0.9},
+            "optimizer": {"name": cfg.optimizer, "lr": cfg.lr},  # every hyper-parameter once it is built
             "versions": environment.versions(),
             "hosts": hosts, "command": sys.argv, "start_time": started,
             "host": socket.gethostname(), "pid": os.getpid(),
@@ -259,6 +288,7 @@ def run(
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         if recorder is not None:
             recorder.meta["knobs"] = backend.describe()
+            recorder.meta["optimizer"] = trainer.optimizer_meta
             params = [p for p in trainer.raw_model.parameters() if p.requires_grad]
             recorder.meta["model_parameters"] = sum(p.numel() for p in params)
             recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, cfg, backend_name)

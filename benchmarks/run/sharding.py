@@ -9,12 +9,14 @@ evaluated exactly once, with no padding duplicates and none dropped, for any N a
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import BatchSampler, DistributedSampler
 
 
 def seed_everything(seed: int) -> None:
@@ -23,6 +25,41 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
+
+
+class ShardBatchSampler(BatchSampler):
+    """This rank's training micro-batches: full batches over the `DistributedSampler` object itself.
+
+    The one definition of the training order: `train_batches` lists it for the tensor path and a
+    DataLoader iterates it for the Dataset path, so both feed the same samples to the same step.
+    `limit` caps the batches per epoch, so a loader prefetches nothing past --steps-per-epoch.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shuffle: bool = True,
+        limit: int | None = None,
+    ) -> None:
+        self.shard = DistributedSampler(
+            range(num_samples), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
+        )
+        super().__init__(self.shard, batch_size, drop_last=True)
+        self.limit = limit
+
+    def set_epoch(self, epoch: int) -> None:
+        self.shard.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(super().__iter__(), self.limit)
+
+    def __len__(self) -> int:
+        full = super().__len__()
+        return full if self.limit is None else min(full, self.limit)
 
 
 def train_batches(
@@ -35,13 +72,9 @@ def train_batches(
     shuffle: bool = True,
 ) -> list[list[int]]:
     """This rank's training batches for one epoch (full batches only, the same count on every rank)."""
-    sampler = DistributedSampler(
-        range(num_samples), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
-    )
+    sampler = ShardBatchSampler(num_samples, batch_size, rank, world_size, seed, shuffle)
     sampler.set_epoch(epoch)
-    indices = list(sampler)
-    steps = len(indices) // batch_size
-    return [indices[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
+    return list(sampler)
 
 
 def val_indices(num_samples: int, rank: int, world_size: int) -> range:

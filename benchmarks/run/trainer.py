@@ -14,7 +14,7 @@ from torch import nn
 
 from backends.base import Backend
 from benchmarks.config import RunConfig
-from benchmarks.run import faults, guard, progress, sharding, workloads
+from benchmarks.run import data, faults, guard, progress, sharding, workloads
 from benchmarks.run import recorder as results
 
 VALIDATION_BUFFERS = "mean over ranks of floating-point buffers before each validation; training continues with it"
@@ -47,9 +47,30 @@ BASELINE_WARMUP_STEPS = 2
 """Untimed steps before the compute baseline: its fresh optimizer allocates momentum buffers once."""
 
 
-def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    """The optimizer every backend wraps (and the compute baseline uses bare)."""
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+OPTIMIZERS = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),  # PyTorch's betas, eps, weight decay
+}
+
+
+def make_optimizer(
+    model: nn.Module, cfg: RunConfig, workload: workloads.Workload | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer every backend wraps (and the compute baseline uses bare): the workload's own when it
+    brings one, otherwise --optimizer's."""
+    if workload is not None and workload.optimizer is not None:
+        optimizer = workload.optimizer(model, cfg.lr)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"the workload's optimizer(model, lr) returned {type(optimizer).__name__}")
+        return optimizer
+    return OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """run.json `optimizer`: the class and every hyper-parameter it was built with."""
+    plain = (bool, int, float, str, type(None))
+    hyper = {k: list(v) if isinstance(v, tuple) else v for k, v in optimizer.defaults.items()}
+    return {"name": type(optimizer).__name__, **{k: v for k, v in hyper.items() if isinstance(v, (*plain, list))}}
 
 
 class Trainer:
@@ -69,7 +90,11 @@ class Trainer:
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
         self.raw_model = workload.build_model().to(self.device)
-        self.model, self.optimizer = backend.prepare(self.raw_model, make_optimizer(self.raw_model, cfg))
+        optimizer = make_optimizer(self.raw_model, cfg, workload)
+        self.optimizer_meta = describe_optimizer(optimizer)
+        self.model, self.optimizer = backend.prepare(self.raw_model, optimizer)
+        self.train_feed = data.TrainFeed(workload.train, cfg, backend.rank, backend.world_size, self.device)
+        self.val_feed = data.ValFeed(workload.val, cfg, backend.rank, backend.world_size, self.device)
         self.pending: list[dict[str, Any]] = []
         self.global_step = 0
         self.timed_wall_s = 0.0
@@ -91,7 +116,7 @@ class Trainer:
         """This rank's optimizer steps for an epoch, each a list of `accumulate` micro-batches."""
         cfg, backend = self.cfg, self.backend
         micro = sharding.train_batches(
-            len(self.workload.train[0]), cfg.batch_size, backend.rank, backend.world_size, epoch, cfg.seed
+            data.size(self.workload.train), cfg.batch_size, backend.rank, backend.world_size, epoch, cfg.seed
         )
         k = cfg.accumulate
         steps = [micro[i : i + k] for i in range(0, len(micro) - k + 1, k)]
@@ -105,15 +130,13 @@ class Trainer:
         `bare`: a model and optimizer to step instead, outside the backend (the compute baseline).
         """
         model, optimizer = bare or (self.model, self.optimizer)
-        x_all, y_all = self.workload.train
         k = len(micro_batches)
         data_s = forward_s = backward_s = 0.0
         kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         start = time.perf_counter()
         for i, batch in enumerate(micro_batches):
             t0 = time.perf_counter()
-            index = torch.tensor(batch)
-            x, y = x_all[index].to(self.device), y_all[index].to(self.device)
+            x, y = self.train_feed.fetch(batch)  # waiting for a DataLoader counts here, in data_s
             self._sync()
             t1 = time.perf_counter()
             last = i == k - 1
@@ -196,13 +219,9 @@ class Trainer:
     def validate(self, epoch: int) -> dict[str, Any]:
         """Exact distributed validation: every sample once; sums and counts reduced, not averages."""
         average_buffers(self.backend, self.raw_model)  # one model on every rank, not one per rank
-        x_all, y_all = self.workload.val
-        mine = sharding.val_indices(len(x_all), self.backend.rank, self.backend.world_size)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct sum, count
         self.raw_model.eval()  # the unwrapped model: DDP's forward would broadcast buffers
-        for batch in sharding.chunks(mine, self.cfg.batch_size):
-            index = torch.tensor(batch, dtype=torch.long)
-            x, y = x_all[index].to(self.device), y_all[index].to(self.device)
+        for batch, (x, y) in self.val_feed:
             out = self.raw_model(x)
             totals[0] += self.workload.loss(out, y).double().sum()
             if self.workload.correct is not None:
@@ -239,7 +258,7 @@ class Trainer:
         if n == 0:
             return []
         model = copy.deepcopy(self.raw_model)  # a copy: training's weights and optimizer state stay as they are
-        bare = (model, make_optimizer(model, self.cfg))
+        bare = (model, make_optimizer(model, self.cfg, self.workload))
         steps = [step for epoch in plan for step in epoch]
         self.backend.barrier()
         mine = []
@@ -274,6 +293,7 @@ class Trainer:
             enabled=not cfg.quiet and self.backend.rank == 0,
         )  # fmt: skip
         for epoch, steps in enumerate(plan, start=1):
+            self.train_feed.start_epoch(epoch - 1)  # a DataLoader's workers start here, before the window
             window_start: float | None = None
             flush_s = 0.0
             for step in steps:
@@ -305,6 +325,8 @@ class Trainer:
             traced = self.trace(plan, directory)
             if self.recorder is not None:
                 self.recorder.meta["trace"] = traced
+        self.train_feed.close()
+        self.val_feed.close()
         # Leave together. With DDP the gloo process group outlives destroy_process_group (DDP keeps it and
         # its threads until exit) and, under mpirun, MPI_Finalize makes every rank exit at the same moment;
         # no rank may then still be inside the last collective while a peer tears its sockets down.

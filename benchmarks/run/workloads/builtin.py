@@ -61,8 +61,17 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(table[:, :-1], dtype=torch.float32) / 16.0, torch.tensor(table[:, -1], dtype=torch.long)
 
 
-def mlp(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
-    """A 64-128-128-10 classifier on scikit-learn's bundled 8×8 digits (1797 real images)."""
+def _mlp(hidden: int, layers: int) -> nn.Module:
+    widths = [64] + [hidden] * layers
+    body = [m for a, b in zip(widths[:-1], widths[1:], strict=True) for m in (nn.Linear(a, b), nn.ReLU())]
+    return nn.Sequential(*body, nn.Linear(hidden, 10))
+
+
+def mlp(
+    seed: int, train_size: int | None = None, val_size: int | None = None, hidden: int = 128, layers: int = 2
+) -> Workload:
+    """A classifier on scikit-learn's bundled 8×8 digits (1797 real images): 64, `layers` hidden layers of
+    `hidden`, 10."""
     x, y = _digits()
     n_val = val_size or REGISTRY["mlp"].defaults["val_size"]
     n_train = train_size or len(x) - n_val
@@ -72,9 +81,7 @@ def mlp(seed: int, train_size: int | None = None, val_size: int | None = None) -
     x, y = x[order], y[order]
     return Workload(
         name="mlp",
-        build_model=lambda: nn.Sequential(
-            nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
-        ),
+        build_model=lambda: _mlp(hidden, layers),
         train=(x[:n_train], y[:n_train]),
         val=(x[n_train : n_train + n_val], y[n_train : n_train + n_val]),
         loss=_per_sample_ce,
@@ -100,16 +107,28 @@ class _ResidualBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-def _small_resnet() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-        _ResidualBlock(16, 16, 1), _ResidualBlock(16, 32, 2), _ResidualBlock(32, 64, 2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
-    )  # fmt: skip
+def resnet(width: int = 16, stages: int = 3, blocks: int = 1) -> nn.Module:
+    """A ResNet for 32×32 images: a stem of `width` channels, then `stages` stages of `blocks` residual
+    blocks, each stage after the first halving the resolution and doubling the channels."""
+    layers: list[nn.Module] = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    channels = width
+    for stage in range(stages):
+        for block in range(blocks):
+            out = width * 2**stage
+            layers.append(_ResidualBlock(channels, out, 2 if stage > 0 and block == 0 else 1))
+            channels = out
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
 
 
-def cnn(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
-    """A small ResNet (BatchNorm) on 3×32×32 images: a class template plus noise, 10 classes."""
+def cnn(
+    seed: int,
+    train_size: int | None = None,
+    val_size: int | None = None,
+    width: int = 16,
+    stages: int = 3,
+    blocks: int = 1,
+) -> Workload:
+    """A ResNet (BatchNorm) on 3×32×32 images: a class template plus noise, 10 classes."""
     n_train, n_val = _sizes("cnn", train_size, val_size)
     g = _generator(seed, 3)
     templates = torch.randn(10, 3, 32, 32, generator=g)
@@ -117,7 +136,7 @@ def cnn(seed: int, train_size: int | None = None, val_size: int | None = None) -
     x = templates[y] + 2.0 * torch.randn(n_train + n_val, 3, 32, 32, generator=g)
     return Workload(
         name="cnn",
-        build_model=_small_resnet,
+        build_model=lambda: resnet(width, stages, blocks),
         train=(x[:n_train], y[:n_train]),
         val=(x[n_train:], y[n_train:]),
         loss=_per_sample_ce,
@@ -145,20 +164,33 @@ class _Block(nn.Module):
 class TinyGPT(nn.Module):
     """A GPT-style decoder; dropout-free so every backend computes the same function."""
 
-    def __init__(self, vocab: int = 512, context: int = 32, dim: int = 128, layers: int = 4, heads: int = 4):
+    def __init__(
+        self, vocab: int = 512, context: int = 32, dim: int = 128, layers: int = 4, heads: int = 4, tied: int = 0
+    ):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
         self.blocks = nn.Sequential(*[_Block(dim, heads) for _ in range(layers)])
         self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+        if tied:  # GPT-2's output layer is its token embedding: one parameter, one gradient
+            self.head.weight = self.tok.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
         return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
 
 
-def transformer(seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
-    """A small GPT on seeded token sequences (arithmetic progressions mod the vocabulary)."""
-    vocab, context = 512, 32
+def transformer(
+    seed: int,
+    train_size: int | None = None,
+    val_size: int | None = None,
+    vocab: int = 512,
+    context: int = 32,
+    dim: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    tied: int = 0,
+) -> Workload:
+    """A GPT on seeded token sequences (arithmetic progressions mod the vocabulary)."""
     n_train, n_val = _sizes("transformer", train_size, val_size)
     g = _generator(seed, 4)
     n = n_train + n_val
@@ -166,18 +198,20 @@ def transformer(seed: int, train_size: int | None = None, val_size: int | None =
     stride = torch.randint(1, 8, (n, 1), generator=g)
     tokens = (start + stride * torch.arange(context + 1)) % vocab
     x, y = tokens[:, :-1], tokens[:, 1:]
-
-    def loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out.transpose(1, 2), t, reduction="none").mean(dim=1)
-
-    def correct(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return (out.argmax(dim=-1) == t).float().mean(dim=1)
-
     return Workload(
         name="transformer",
-        build_model=lambda: TinyGPT(vocab, context),
+        build_model=lambda: TinyGPT(vocab, context, dim, layers, heads, tied),
         train=(x[:n_train], y[:n_train]),
         val=(x[n_train:], y[n_train:]),
-        loss=loss,
-        correct=correct,
+        loss=token_loss,
+        correct=token_correct,
     )
+
+
+def token_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Per-sequence mean next-token cross-entropy (out: batch × length × vocab)."""
+    return F.cross_entropy(out.transpose(1, 2), t, reduction="none").mean(dim=1)
+
+
+def token_correct(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return (out.argmax(dim=-1) == t).float().mean(dim=1)
