@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml | $(PY)
 	docker/install-system-deps.sh
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	if [ -n '$(TORCH_SPEC)' ]; then $(PY) -m pip install --quiet '$(TORCH_SPEC)'; fi
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,hf]'
 	echo '$(TORCH_SPEC)' > $@
 
 setup: $(STAMP) horovod

@@ -39,6 +39,17 @@ def raises(seed, train_size=None, val_size=None):
 
 def not_a_workload(seed, train_size=None, val_size=None):
     return {"model": None}
+
+class Inputs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.zeros(4)
+
+def dataset_of_inputs(seed, train_size=None, val_size=None):
+    train, val = data(seed)
+    return Workload("inputs", lambda: nn.Linear(4, 1), Inputs(), val, lambda out, y: ((out - y) ** 2).squeeze(1))
 """
 
 BAD_INPUT = {
@@ -67,6 +78,12 @@ BAD_INPUT = {
     "factory returns junk": (["--workload", "wl_custom:not_a_workload"], "returned dict, not a workloads.Workload"),
     "mean-reduced loss": (["--workload", "wl_custom:mean_loss"], "loss(out, target) must give one value per sample"),
     "missing factory": (["--workload", "wl_custom:nothing"], "cannot load workload 'wl_custom:nothing'"),
+    "dataset items not pairs": (["--workload", "wl_custom:dataset_of_inputs"], "must be the pair (input, target)"),
+    "unknown size argument": (["--workload", "transformer:depth=3"], "unknown argument 'depth'; transformer takes"),
+    "non-positive size argument": (["--workload", "mlp:hidden=0"], "hidden=0 must be a positive integer"),
+    "heads not dividing dim": (["--workload", "transformer:dim=100,heads=3"], "heads=3 does not divide dim=100"),
+    "negative workers": (["--workers", "-1"], "--workers must be >= 0"),
+    "zero prefetch factor": (["--prefetch-factor", "0"], "--prefetch-factor must be a positive integer"),
 }
 
 
@@ -90,6 +107,17 @@ def test_bad_input_is_one_line_exit_2_and_no_files(in_tmp_cwd, capsys, case: str
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("distbench: error:") and message in lines[0], lines
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_hf_without_transformers_is_one_line(in_tmp_cwd, capsys, monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "transformers" else real(n, *a))
+    assert main(["run", "--backend", "single", "--workload", "hf:gpt2", "--quiet", "--out", "out"]) == EXIT_BAD_INPUT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["distbench: error: workload 'hf:gpt2' needs transformers: pip install -e '.[hf]' "
+                     "(make setup installs it)"]  # fmt: skip
 
 
 def test_unwritable_out_is_one_line(tmp_path, capsys) -> None:
@@ -167,6 +195,13 @@ def test_rank_side_imports_no_analysis_stack_and_bad_input_no_torch(tmp_path) ->
         import sys
         from benchmarks.cli import main
         assert main(["run", "--backend", "ddp", "--lr", "0"]) == 2
+        assert main(["run", "--backend", "ddp", "--workload", "transformer:dim=100,heads=3"]) == 2
+        assert main(["run", "--backend", "ddp", "--workers", "-2"]) == 2
+        import importlib.util
+        find_spec = importlib.util.find_spec
+        importlib.util.find_spec = lambda name, *a: None if name == "transformers" else find_spec(name, *a)
+        assert main(["run", "--backend", "ddp", "--workload", "hf:gpt2"]) == 2
+        importlib.util.find_spec = find_spec
         assert "torch" not in sys.modules, "bad input needing no torch imported it"
         assert main(["run", "--backend", "single", {", ".join(map(repr, TINY))}, "--out", {str(tmp_path)!r}]) == 0
         # mlp reads sklearn's bundled data, which must not drag in sklearn.datasets (pandas, scipy)
