@@ -23,7 +23,6 @@ from scipy import stats as scipy_stats
 from benchmarks.analysis import collectives, stats, timeline
 from benchmarks.analysis.load import RunSet
 from benchmarks.run import recorder as results
-from benchmarks.suite import variants
 
 PARTS = ("compute_ms", "exposed_comm_ms", "other_ms")
 SETUP = ("workload", "world_size", "global_batch")
@@ -35,15 +34,6 @@ class Section:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     sentences: list[str] = field(default_factory=list)
     images: list[Path] = field(default_factory=list)
-
-
-def variant_of(backend: str, launcher: str, controller: Any) -> str:
-    """The `compare --backends` name of how a run was started: ddp@torchrun, horovod@mpi, single."""
-    controller = controller if isinstance(controller, str) else ""
-    for known in variants.KNOWN:
-        if (known.backend, known.launcher, known.controller) == (backend, launcher, controller):
-            return known.name
-    return f"{backend}@{launcher}"
 
 
 def impl_of(meta: dict[str, Any]) -> str | None:
@@ -72,7 +62,7 @@ def per_run(rs: RunSet) -> pd.DataFrame:
         trace = meta.get("trace") or {}
         row = {
             "run_key": run["run_key"], **{k: run[k] for k in SETUP},
-            "variant": variant_of(run["backend"], run["launcher"], (meta.get("knobs") or {}).get("controller")),
+            "variant": run["variant"],
             "impl": impl_of(meta), "dtype": "float16" if meta.get("config", {}).get("fp16_allreduce") else "float32",
             "gradient_bytes": meta.get("gradient_bytes_per_step"), "step_ms": step, "compute_ms": compute,
             "exposed_comm_ms": step - compute, "other_ms": window - step, "trace_files": trace.get("files", []),

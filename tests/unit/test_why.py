@@ -73,10 +73,3 @@ def test_without_allreduce_results_the_sentence_says_what_is_missing(table: pd.D
     assert table.allreduce_alone_ms.isna().all()
     (sentence,) = why.sentences(table, None)
     assert "no `distbench allreduce` results for 2 ranks" in sentence
-
-
-def test_variant_names_follow_compare() -> None:
-    assert why.variant_of("horovod", "horovodrun", "mpi") == "horovod@mpi"
-    assert why.variant_of("horovod", "mpirun", "mpi") == "horovod@mpirun"
-    assert why.variant_of("ddp", "mpirun", None) == "ddp@mpirun"
-    assert why.variant_of("single", "python", None) == "single"
