@@ -14,6 +14,7 @@ import csv
 import dataclasses
 import datetime
 import io
+import math
 import os
 import socket
 import sys
@@ -42,18 +43,24 @@ NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 PERIOD = 3
 """Rank r puts 1 + (i + r) % 3 in element i: small integers, so every sum is exact in float16 up to 682
 ranks, and an element reduced from the wrong place or the wrong ranks comes out wrong."""
-BYTES_PER_SIZE = 512 << 20
-MIN_ITERS, MAX_ITERS = 5, 100
+WARMUP_BYTES = 64 << 20
+TARGET_S = 0.25
+MIN_ITERS, MAX_ITERS = 5, 100_000
 
 
-def schedule(size_bytes: int) -> tuple[int, int]:
-    """(warm-up, timed iterations) for a size: 512 MiB moved per size, 5 to 100 iterations, 1/10 warm-up.
+def warmup_count(size_bytes: int) -> int:
+    """Untimed iterations before a size: 64 MiB's worth, 1 to 10 (a large message is warm after one)."""
+    return max(1, min(10, WARMUP_BYTES // size_bytes))
 
-    Small messages are latency-bound and need many iterations for a stable mean; large ones need few, and a
-    default sweep of 27 sizes stays well under a minute on 2 ranks of 2 cores (README).
+
+def iteration_count(per_call_s: float) -> int:
+    """Timed iterations for a size whose warm-up took `per_call_s` per call: about TARGET_S of timed loop.
+
+    A fixed count per size cannot suit both mpi4py's 2 µs and Horovod's 1 ms small messages on a shared
+    2-core machine: a window of a few hundred microseconds is at the mercy of one preemption, so every
+    size gets about a quarter of a second (5 to 100 000 iterations).
     """
-    iters = max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_SIZE // size_bytes))
-    return max(1, iters // 10), iters
+    return max(MIN_ITERS, min(MAX_ITERS, math.ceil(TARGET_S / max(per_call_s, 1e-9))))
 
 
 def bus_factor(world_size: int) -> float:
@@ -323,14 +330,18 @@ def sweep(impl: Collective, opts: Options, meta: dict[str, Any] | None, watchdog
     width = np.dtype(NUMPY_DTYPES[opts.dtype]).itemsize
     bar = progress(len(opts.sizes), f"allreduce {impl.name}", enabled=meta is not None and not opts.quiet)
     for n, size in enumerate(opts.sizes):
-        warm, iters = schedule(size)
-        warm = warm if opts.warmup is None else opts.warmup
-        iters = iters if opts.iters is None else opts.iters
+        warm = warmup_count(size) if opts.warmup is None else opts.warmup
         bar.set_postfix(size=format_size(size))
         buf = impl.buffer(size // width)
+        calls = []
         for _ in range(warm):
+            t0 = time.perf_counter()
             impl.allreduce(buf, size)
-        impl.synchronize()
+            impl.synchronize()
+            calls.append(time.perf_counter() - t0)
+        # The median call, not the mean: a first call's set-up (Horovod negotiating a new name) is no guide.
+        # Every rank must run the same count, hence the slowest rank's estimate.
+        iters = opts.iters or iteration_count(max(impl.allgather(sorted(calls)[len(calls) // 2])))
         impl.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):

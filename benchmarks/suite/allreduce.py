@@ -134,8 +134,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"or a power-of-two range low-high (default: {DEFAULT_SIZES}, i.e. 4 B to 256 MiB)",
     )
     add("--dtype", choices=tuple(DTYPES), default="float32", help="element type (default: float32)")
-    add("--iters", type=int, help="timed iterations per size (default: 512 MiB ÷ size, 5 to 100)")
-    add("--warmup", type=int, help="untimed iterations before each size (default: a tenth of --iters, at least 1)")
+    add(
+        "--iters",
+        type=int,
+        help="timed iterations per size (default: enough for ~0.25 s, from the warm-up's median call; 5 to 100000)",
+    )
+    add("--warmup", type=int, help="untimed iterations before each size (default: 64 MiB's worth, 1 to 10)")
     add(
         "--device",
         choices=("cpu", "cuda"),
@@ -182,6 +186,8 @@ def validate(opts: Options) -> None:
             raise InputError(f"--{name} must be a positive integer, got {value}")
     if opts.warmup is not None and opts.warmup < 0:
         raise InputError(f"--warmup must be >= 0, got {opts.warmup}")
+    if opts.warmup == 0 and opts.iters is None:
+        raise InputError("--warmup 0 leaves nothing to size the timed loop by; give --iters too, or --warmup >= 1")
     if not opts.timeout > 0:
         raise InputError(f"--timeout must be a positive number of seconds, got {opts.timeout}")
     if opts.impl == "mpi4py" and opts.device == "cuda":

@@ -86,9 +86,11 @@ def test_a_wrong_reduction_fails_the_run(tmp_path, impl: str, horovod_available)
     [("torch", lambda: mpirun(2)), ("horovod", lambda: mpirun(2)), ("mpi4py", lambda: horovodrun(2, "--mpi"))],
 )
 def test_other_launchers_each_implementation_accepts(tmp_path, impl: str, prefix, horovod_available) -> None:
-    proc = run_ok([*prefix(), "allreduce", "--impl", impl, *SIZES, "--out", str(tmp_path), "--run-id", "r"], 180)
+    calibrated = ["--sizes", "4,4K,256K", "--quiet", "--timeout", "60"]  # default warm-up, iterations sized by it
+    proc = run_ok([*prefix(), "allreduce", "--impl", impl, *calibrated, "--out", str(tmp_path), "--run-id", "r"], 180)
     rows = pd.read_csv(tmp_path / "r" / "allreduce.csv")
     assert rows.correct.all() and len(rows) == 3 and (rows.world_size == 2).all(), proc.stderr
+    assert rows.warmup.tolist() == [10, 10, 10] and rows.iterations.iloc[0] > 5  # ~0.25 s of 4 B calls
     assert meta_of(tmp_path / "r")["status"] == "completed"
 
 

@@ -80,12 +80,13 @@ def test_format_size() -> None:
         "4 B", "1000 B", "1 KiB", "3 MiB", "256 MiB", "1 GiB"]  # fmt: skip
 
 
-def test_the_schedule_scales_iterations_to_the_size() -> None:
-    assert rank_side.schedule(4) == (10, 100)
-    assert rank_side.schedule(8 * MiB) == (6, 64)
-    assert rank_side.schedule(256 * MiB) == (1, 5)
-    iters = [rank_side.schedule(s)[1] for s in allreduce.parse_sizes(allreduce.DEFAULT_SIZES)]
-    assert iters == sorted(iters, reverse=True) and min(iters) >= 5
+def test_warm_up_scales_to_the_size_and_the_timed_loop_to_a_quarter_second() -> None:
+    assert [rank_side.warmup_count(s) for s in (4, 4 * MiB, 8 * MiB, 32 * MiB, 64 * MiB, 256 * MiB)] == [
+        10, 10, 8, 2, 1, 1]  # fmt: skip
+    assert rank_side.iteration_count(2e-6) == 100_000  # capped
+    assert rank_side.iteration_count(1e-3) == 250
+    assert rank_side.iteration_count(0.12) == 5  # at least 5
+    assert rank_side.iteration_count(0.0) == 100_000
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -124,6 +125,7 @@ def _options(**changes) -> allreduce.Options:
         ({"iters": 0}, "--iters must be a positive integer"),
         ({"threads": 0}, "--threads must be a positive integer"),
         ({"warmup": -1}, "--warmup must be >= 0"),
+        ({"warmup": 0}, "--warmup 0 leaves nothing to size the timed loop by; give --iters too"),
         ({"timeout": 0.0}, "--timeout must be a positive number"),
         ({"impl": "mpi4py", "device": "cuda"}, "--impl mpi4py measures host buffers only"),
     ],
