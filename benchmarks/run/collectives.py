@@ -13,12 +13,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime
+import functools
 import io
 import math
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ PERIOD = 3
 """Rank r puts 1 + (i + r) % 3 in element i: small integers, so every sum is exact in float16 up to 682
 ranks, and an element reduced from the wrong place or the wrong ranks comes out wrong."""
 WARMUP_BYTES = 64 << 20
-TARGET_S = 0.25
+TARGET_S = 0.5
 MIN_ITERS, MAX_ITERS = 5, 100_000
 
 
@@ -58,7 +60,7 @@ def iteration_count(per_call_s: float) -> int:
 
     A fixed count per size cannot suit both mpi4py's 2 µs and Horovod's 1 ms small messages on a shared
     2-core machine: a window of a few hundred microseconds is at the mercy of one preemption, so every
-    size gets about a quarter of a second (5 to 100 000 iterations).
+    size gets about half a second (5 to 100 000 iterations).
     """
     return max(MIN_ITERS, min(MAX_ITERS, math.ceil(TARGET_S / max(per_call_s, 1e-9))))
 
@@ -145,7 +147,9 @@ class Collective:
     def perturb(self, buf: Any) -> None:
         buf[0] += 1
 
-    def allreduce(self, buf: Any, size_bytes: int) -> None:
+    def allreduce(self, buf: Any, size_bytes: int) -> Callable[[], object]:
+        """The in-place SUM allreduce of `buf`, bound into a call of no arguments: at a few microseconds a
+        call, a method's lookups and dispatch in the timed loop would be measured as the library's."""
         raise NotImplementedError
 
     def synchronize(self) -> None:
@@ -183,8 +187,8 @@ class TorchCollective(Collective):
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
 
-    def allreduce(self, buf: Any, size_bytes: int) -> None:
-        self.dist.all_reduce(buf, op=self.dist.ReduceOp.SUM)
+    def allreduce(self, buf: Any, size_bytes: int) -> Callable[[], object]:
+        return functools.partial(self.dist.all_reduce, buf, op=self.dist.ReduceOp.SUM)
 
     def barrier(self) -> None:
         self.dist.barrier()
@@ -224,10 +228,10 @@ class HorovodCollective(Collective):
     def stop(self) -> None:
         self.hvd.shutdown()
 
-    def allreduce(self, buf: Any, size_bytes: int) -> None:
+    def allreduce(self, buf: Any, size_bytes: int) -> Callable[[], object]:
         # A fixed name per size, as a training loop's parameter names are: an unnamed call gets a fresh
         # name each time and would miss Horovod's response cache on every iteration.
-        self.hvd.allreduce_(buf, op=self.hvd.Sum, name=f"distbench.allreduce.{size_bytes}")
+        return functools.partial(self.hvd.allreduce_, buf, op=self.hvd.Sum, name=f"distbench.allreduce.{size_bytes}")
 
     def barrier(self) -> None:
         self.hvd.barrier()
@@ -269,9 +273,10 @@ class MPI4pyCollective(Collective):
     def host(self, buf: Any) -> np.ndarray:
         return buf
 
-    def allreduce(self, buf: Any, size_bytes: int) -> None:
-        target = buf if self.datatype is None else [buf, self.datatype]
-        self.comm.Allreduce(self.MPI.IN_PLACE, target, op=self.op)
+    def allreduce(self, buf: Any, size_bytes: int) -> Callable[[], object]:
+        if self.datatype is None:  # MPI's own SUM, Allreduce's default op
+            return functools.partial(self.comm.Allreduce, self.MPI.IN_PLACE, buf)
+        return functools.partial(self.comm.Allreduce, self.MPI.IN_PLACE, [buf, self.datatype], op=self.op)
 
     def synchronize(self) -> None: ...
 
@@ -333,10 +338,11 @@ def sweep(impl: Collective, opts: Options, meta: dict[str, Any] | None, watchdog
         warm = warmup_count(size) if opts.warmup is None else opts.warmup
         bar.set_postfix(size=format_size(size))
         buf = impl.buffer(size // width)
+        allreduce = impl.allreduce(buf, size)
         calls = []
         for _ in range(warm):
             t0 = time.perf_counter()
-            impl.allreduce(buf, size)
+            allreduce()
             impl.synchronize()
             calls.append(time.perf_counter() - t0)
         # The median call, not the mean: a first call's set-up (Horovod negotiating a new name) is no guide.
@@ -345,19 +351,19 @@ def sweep(impl: Collective, opts: Options, meta: dict[str, Any] | None, watchdog
         impl.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
-            impl.allreduce(buf, size)
+            allreduce()
         impl.synchronize()
         mean_s = (time.perf_counter() - t0) / iters
         watchdog.beat()
         impl.fill(buf, impl.rank)
-        impl.allreduce(buf, size)
+        allreduce()
         impl.synchronize()
         if opts.inject_wrong_result and n == 0 and impl.rank == impl.world_size - 1:
             impl.perturb(buf)
         wrong = first_wrong(impl.host(buf), impl.world_size)
         error = None if wrong is None else "element {} is {:g}, expected {:g}".format(*wrong)
         gathered = impl.allgather((mean_s, error))
-        del buf
+        del buf, allreduce
         bad = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
         if meta is not None:
             row = size_row(meta, size, warm, iters, [t for t, _ in gathered], correct=not bad)

@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--iters",
         type=int,
-        help="timed iterations per size (default: enough for ~0.25 s, from the warm-up's median call; 5 to 100000)",
+        help="timed iterations per size (default: enough for ~0.5 s, from the warm-up's median call; 5 to 100000)",
     )
     add("--warmup", type=int, help="untimed iterations before each size (default: 64 MiB's worth, 1 to 10)")
     add(

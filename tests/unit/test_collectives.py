@@ -80,11 +80,11 @@ def test_format_size() -> None:
         "4 B", "1000 B", "1 KiB", "3 MiB", "256 MiB", "1 GiB"]  # fmt: skip
 
 
-def test_warm_up_scales_to_the_size_and_the_timed_loop_to_a_quarter_second() -> None:
+def test_warm_up_scales_to_the_size_and_the_timed_loop_to_half_a_second() -> None:
     assert [rank_side.warmup_count(s) for s in (4, 4 * MiB, 8 * MiB, 32 * MiB, 64 * MiB, 256 * MiB)] == [
         10, 10, 8, 2, 1, 1]  # fmt: skip
     assert rank_side.iteration_count(2e-6) == 100_000  # capped
-    assert rank_side.iteration_count(1e-3) == 250
+    assert rank_side.iteration_count(1e-3) == 500
     assert rank_side.iteration_count(0.12) == 5  # at least 5
     assert rank_side.iteration_count(0.0) == 100_000
 
