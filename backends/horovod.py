@@ -63,7 +63,10 @@ class HorovodBackend(Backend[HorovodConfig]):
         hvd = self.hvd_module
         # Horovod: start every rank from rank 0's weights (buffers included) and optimizer state.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        # Horovod: broadcast_optimizer_state first fills an empty state by stepping with zero gradients,
+        # which moves AdamW's weights (decay) and step count; a fresh optimizer is equal everywhere anyway.
+        if optimizer.state_dict()["state"]:
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         # Horovod: wrap the optimizer; gradients are averaged after `accumulate` backward passes.
         wrapped = hvd.DistributedOptimizer(
             optimizer,

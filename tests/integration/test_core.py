@@ -22,13 +22,6 @@ VARIANTS = {
 }
 
 
-HOROVOD_ADAMW = (
-    "hvd.broadcast_optimizer_state on a fresh optimizer takes a zero-gradient step to create its state: AdamW "
-    "then applies weight decay once and counts one step more than DDP; backends/horovod.py should skip the "
-    "broadcast while the optimizer has no state (every rank built the same one)"
-)
-
-
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory, horovod_available) -> dict[tuple[str, str], Path]:
     """For each variant: DDP 2×B, Horovod 2×B, single 2B, all from the same seed."""
@@ -59,8 +52,6 @@ def test_backends_give_the_same_loss_curve(equivalence_runs, workload: str) -> N
     for backend in ("ddp", "horovod"):
         assert curves[backend].index.equals(curves["single"].index)
         diff = (curves[backend] - curves["single"]).abs().max()
-        if backend == "horovod" and "adamw" in workload and diff >= 1e-5:
-            pytest.xfail(HOROVOD_ADAMW)
         assert diff < 1e-5, f"{backend} vs single differs by {diff}"
     # The loss moved: equal curves are not equal because nothing was trained.
     assert curves["single"].iloc[-1] < curves["single"].iloc[0]
