@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.analysis import context, figures, load, tables, why
+from benchmarks.analysis import collectives, context, figures, load, tables, why
 from benchmarks.analysis.load import RunSet
 
 __all__ = ["RunSet", "write"]
@@ -37,7 +37,17 @@ def write(
     extra: dict[str, pd.DataFrame] | None = None,
 ) -> str:
     """Write PNGs and report.md/report.html into `out`; return what was compared and the summary table.
-    `extra` adds tables of the caller's own at the end (tune's default vs tuned)."""
+    `extra` adds tables of the caller's own at the end (tune's default vs tuned). Paths holding only
+    `distbench allreduce` runs give a report of those alone."""
+    if not any(not load.is_allreduce_dir(d) for d in load.find_run_dirs(*paths)):
+        allreduce = collectives.report_section(paths, out)
+        if allreduce is not None:
+            sections = {"Allreduce runs": allreduce.runs.drop(columns=["run_key"]),
+                        "Allreduce: bus bandwidth (GB/s)": allreduce.busbw,
+                        "Allreduce: time per allreduce (µs)": allreduce.time_us}  # fmt: skip
+            text = "\n".join([allreduce.text, *allreduce.notes])
+            _write_files(sections, ("Allreduce runs", text), allreduce.figures, out, formats)
+            return text
     rs = load.load_runs(*paths, include_failed=include_failed)
     for line in rs.skipped:
         print(f"distbench: left out {line}", file=sys.stderr)
@@ -75,22 +85,31 @@ def write(
     sections.update(extra or {})
     if explained.sentences:
         summary += "\n\nWhy:\n" + "\n".join(f"- {line}" for line in explained.sentences)
+    _write_files(sections, ("Knobs", summary), images, out, formats)
+    return summary
+
+
+def _write_files(
+    sections: dict[str, pd.DataFrame], summary: tuple[str, str], images: list[Path], out: Path, formats: set[str]
+) -> None:
+    """report.md and/or report.html: the tables in order, the summary text after the section whose title
+    starts with summary[0], then the images."""
+    after, text = summary
     if "md" in formats:
         md = ["# distbench report", ""]
         for title, frame in sections.items():
             md += [f"## {title}", "", _markdown(frame), ""]
-            if title.startswith("Knobs"):
-                md += ["## Summary", "", "```", summary, "```", ""]
+            if title.startswith(after):
+                md += ["## Summary", "", "```", text, "```", ""]
         md += [f"![{p.stem}]({p.name})" for p in images]
         (out / "report.md").write_text("\n".join(md) + "\n")
     if "html" in formats:
         parts = ["<!doctype html><meta charset='utf-8'><title>distbench report</title>", "<h1>distbench report</h1>"]
         for title, frame in sections.items():
             parts += [f"<h2>{html.escape(title)}</h2>", frame.to_html(index=False, float_format="%.4g", na_rep="")]
-            if title.startswith("Knobs"):
-                parts += ["<h2>Summary</h2>", f"<pre>{html.escape(summary)}</pre>"]
+            if title.startswith(after):
+                parts += ["<h2>Summary</h2>", f"<pre>{html.escape(text)}</pre>"]
         for p in images:
             data = base64.b64encode(p.read_bytes()).decode()
             parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")
         (out / "report.html").write_text("\n".join(parts) + "\n")
-    return summary

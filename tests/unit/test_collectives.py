@@ -15,6 +15,7 @@ from benchmarks import launch
 from benchmarks.analysis import collectives as analysis
 from benchmarks.cli import EXIT_BAD_INPUT, main
 from benchmarks.config import InputError
+from benchmarks.run import collective_impls as impls
 from benchmarks.run import collectives as rank_side
 from benchmarks.suite import allreduce
 
@@ -95,22 +96,22 @@ def test_the_check_accepts_the_exact_sum_and_catches_any_wrong_element(dtype, el
     world = 5
     buffers = [np.zeros(elements, dtype) for _ in range(world)]
     for rank, buf in enumerate(buffers):
-        rank_side.fill_pattern(buf, rank)
+        impls.fill_pattern(buf, rank)
     total = np.sum(buffers, axis=0, dtype=dtype)
-    assert rank_side.first_wrong(total, world) is None
-    assert rank_side.first_wrong(buffers[0], world) is not None  # an unreduced buffer
+    assert impls.first_wrong(total, world) is None
+    assert impls.first_wrong(buffers[0], world) is not None  # an unreduced buffer
     wrong = total.copy()
     wrong[-1] += 1
-    index, value, expected = rank_side.first_wrong(wrong, world)
+    index, value, expected = impls.first_wrong(wrong, world)
     assert (index, value, expected) == (elements - 1, float(total[-1]) + 1, float(total[-1]))
     if elements > 3:  # the same values in the wrong places
-        assert rank_side.first_wrong(np.roll(total, 1), world) is not None
+        assert impls.first_wrong(np.roll(total, 1), world) is not None
 
 
 def test_float16_sums_stay_exact_at_the_largest_world_it_allows() -> None:
-    world = 2048 // rank_side.PERIOD
-    expected = rank_side.expected_sum(world, np.float16)
-    assert expected.astype(np.float64).tolist() == rank_side.expected_sum(world, np.float64).tolist()
+    world = 2048 // impls.PERIOD
+    expected = impls.expected_sum(world, np.float16)
+    assert expected.astype(np.float64).tolist() == impls.expected_sum(world, np.float64).tolist()
 
 
 def _options(**changes) -> allreduce.Options:
@@ -265,3 +266,17 @@ def test_report_section_gives_tables_and_a_figure(tmp_path) -> None:
     text = section.markdown(tmp_path / "out")
     assert "## Allreduce" in text and f"]({analysis.FIGURE})" in text and "| 1 MiB |" in text
     assert analysis.report_section([tmp_path / "nothing"], tmp_path / "out2") is None
+
+
+def test_report_and_check_of_a_directory_of_allreduce_runs_alone(tmp_path, capsys) -> None:
+    """`distbench report` and `distbench check` take a directory holding only allreduce runs."""
+    from benchmarks.cli import main
+
+    write_run(tmp_path / "runs", "a", "mpi4py", [(4, 2e-6), (MiB, 3e-4)])
+    write_run(tmp_path / "runs", "b", "torch-gloo", [(4, 1e-3), (MiB, 5e-3)])
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Allreduce: bus bandwidth (GB/s)" in md and f"]({analysis.FIGURE})" in md
+    assert (tmp_path / "rep" / "report.html").is_file()
+    assert main(["check", str(tmp_path / "runs")]) == 0
+    assert "2 of 2 runs pass" in capsys.readouterr().out
