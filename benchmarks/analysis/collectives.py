@@ -212,10 +212,9 @@ def _check_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
 
 def figure(frame: pd.DataFrame, path: Path) -> Path | None:
     """Bus bandwidth and time against message size, log–log, one line per label; None when nothing is timed."""
-    import matplotlib
+    from benchmarks.analysis import figures  # matplotlib only once a figure is drawn
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = figures.plt
     from matplotlib.ticker import FuncFormatter
 
     ok = frame[frame["correct"] & frame["time_mean_s"].notna()]
@@ -243,10 +242,7 @@ def figure(frame: pd.DataFrame, path: Path) -> Path | None:
     bw_ax.set_title(f"allreduce bus bandwidth ({', '.join(sorted(set(ok['dtype'])))}, {worlds})")
     t_ax.set_title("allreduce time (mean over ranks)")
     bw_ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figures.save(fig, path)
 
 
 @dataclass

@@ -14,7 +14,8 @@ from benchmarks.analysis.load import RunSet  # noqa: E402
 from benchmarks.analysis.tables import completed, setup_label  # noqa: E402
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save(fig: plt.Figure, path: Path) -> Path:
+    """Every report figure is written the same way: tight layout, PNG at 110 dpi, figure closed."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -38,7 +39,7 @@ def throughput(table: pd.DataFrame, path: Path) -> Path | None:
     no_ci = ok.ci_low.isna().any()
     ax.set_ylabel("samples/s (geo. mean, 95% CI)")
     ax.set_title("Throughput per backend" + (" (no error bar: < 3 runs)" if no_ci else ""))
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def step_times(rs: RunSet, path: Path, backends: dict[str, str] | None = None) -> Path | None:
@@ -55,7 +56,7 @@ def step_times(rs: RunSet, path: Path, backends: dict[str, str] | None = None) -
     ax.set_xticks(range(1, len(names) + 1), names)
     ax.set_ylabel("step time, slowest rank (ms)")
     ax.set_title("Step-time distribution (warm-up excluded)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def loss_curves(rs: RunSet, path: Path, backends: dict[str, str] | None = None) -> Path | None:
@@ -73,11 +74,11 @@ def loss_curves(rs: RunSet, path: Path, backends: dict[str, str] | None = None) 
     ax.set_ylabel("loss")
     ax.set_title("Loss curves (first run of each backend)")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def scaling_efficiency(table: pd.DataFrame, path: Path) -> Path:
-    return _save(scaling_figure(table), path)
+    return save(scaling_figure(table), path)
 
 
 def scaling_figure(table: pd.DataFrame) -> plt.Figure:
@@ -132,4 +133,4 @@ def phases(table: pd.DataFrame, path: Path) -> Path | None:
     ax.set_ylabel("mean ms per step")
     ax.set_title("Where a step's time goes")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)

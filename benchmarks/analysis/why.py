@@ -179,10 +179,9 @@ def figure(table: pd.DataFrame, path: Path) -> Path | None:
     shown = table.dropna(subset=["raw_compute_ms"])
     if not len(shown):
         return None
-    import matplotlib
+    from benchmarks.analysis import figures  # matplotlib only once a figure is drawn
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = figures.plt
 
     several = len(shown[list(SETUP)].drop_duplicates()) > 1
     labels = [f"{r.variant}\n{r.workload} w{r.world_size}" if several else r.variant for r in shown.itertuples()]
@@ -195,10 +194,7 @@ def figure(table: pd.DataFrame, path: Path) -> Path | None:
     ax.set_ylabel("ms per step (mean over runs)")
     ax.set_title("Where a step goes: compute vs exposed communication vs other")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figures.save(fig, path)
 
 
 def traces(runs: pd.DataFrame, out: Path) -> pd.DataFrame:
