@@ -283,10 +283,14 @@ def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
             n, throughput = int(world), runs["samples_per_s"]
             mean, lo, hi = stats.log_ci(throughput)
             speedup, slo, shi = stats.ratio_ci(throughput, base) if len(base) else (np.nan,) * 3
+            if n == 1 and len(base):  # the base against itself: 1 by definition, not an estimate
+                speedup, slo, shi = 1.0, np.nan, np.nan
             vs, vlo, vhi = stats.ratio_ci(throughput, single) if len(single) else (np.nan,) * 3
             over = bool(runs["oversubscribed"].fillna(False).astype(bool).any()) if "oversubscribed" in runs else False
             notes = [] if len(base) else [f"no 1-rank {name} run to compare with"]
-            if len(base) and np.isnan(slo):
+            if n == 1 and len(base):
+                notes.append("the base")
+            elif len(base) and np.isnan(slo):
                 notes.append(stats.no_interval_reason(min(stats.usable(throughput), stats.usable(base))))
             if over:
                 notes.append("oversubscribed: more ranks than cores, measures time-slicing, not scaling")
@@ -312,7 +316,8 @@ def format_scaling(table: pd.DataFrame) -> str:
     ]
     for row in table.to_dict("records"):
         sps = _interval(row["samples_per_s"], row["ci_low"], row["ci_high"], row["runs"])
-        eff = _interval(row["efficiency"], row["efficiency_low"], row["efficiency_high"], None)
+        is_base = str(row["note"]).startswith("the base")
+        eff = _interval(row["efficiency"], row["efficiency_low"], row["efficiency_high"], None, is_base)
         vs = _interval(row["vs_single"], row["vs_single_low"], row["vs_single_high"], None)
         mark = "  oversubscribed" if row["oversubscribed"] else ""
         lines.append(f"{row['variant']:<{width}} {row['world_size']:>5} {sps:>26} {eff:>22} {vs:>22}{mark}")
