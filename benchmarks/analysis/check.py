@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
 REQUIRED_META = ("schema_version", "run_id", "backend", "launcher", "world_size", "workload", "status")
@@ -180,7 +181,7 @@ def check_run(run_dir: Path) -> list[Problem]:
     meta, problems = meta_problems(run_dir)
     if meta is None:
         return problems
-    if meta.get("kind") == "allreduce":  # `distbench allreduce`: its own files and contract
+    if meta.get("kind") == rank_side.KIND:  # `distbench allreduce`: its own files and contract
         from benchmarks.analysis import collectives
 
         return [Problem(run_dir, None, line) for line in collectives.check_dir(run_dir)]

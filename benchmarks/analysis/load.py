@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import check
+from benchmarks.run import collectives
 from benchmarks.run import recorder as results
 
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
@@ -34,7 +35,6 @@ NUMERIC = {
     results.TIMING_CSV: ("world_size", "rank", "epoch", "step", "samples", *check.SECONDS),
     results.LOSS_CSV: ("world_size", "epoch", "step", "loss", "accuracy", "samples"),
 }
-ALLREDUCE_KIND = "allreduce"
 CONFIG_SKIPPED = ("out", "run_id", "quiet")  # where a run was written says nothing about what it measured
 
 
@@ -74,7 +74,7 @@ def find_run_dirs(*paths: str | Path) -> list[Path]:
 def is_allreduce_dir(run_dir: Path) -> bool:
     """A `distbench allreduce` run directory (run.json `kind`), read by analysis.collectives instead."""
     try:
-        return json.loads((run_dir / results.RUN_JSON).read_text()).get("kind") == ALLREDUCE_KIND
+        return json.loads((run_dir / results.RUN_JSON).read_text()).get("kind") == collectives.KIND
     except (OSError, ValueError, AttributeError):
         return False  # check reports an unreadable run.json
 

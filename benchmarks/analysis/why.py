@@ -22,6 +22,7 @@ from scipy import stats as scipy_stats
 
 from benchmarks.analysis import collectives, stats, timeline
 from benchmarks.analysis.load import RunSet
+from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
 PARTS = ("compute_ms", "exposed_comm_ms", "other_ms")
@@ -92,7 +93,7 @@ def _ms(value: float, lo: float = np.nan, hi: float = np.nan) -> str:
 def alone_ms(allreduce: pd.DataFrame | None, impl: str | None, world_size: int, dtype: str, nbytes: Any) -> float:
     """`impl`'s allreduce of `nbytes` alone in ms, from `distbench allreduce` runs of that world size and
     dtype; NaN when there are none or the size is outside the measured range."""
-    if allreduce is None or impl is None or not nbytes:
+    if allreduce is None or impl is None or pd.isna(nbytes) or not nbytes:
         return np.nan
     rows = allreduce[(allreduce.impl == impl) & (allreduce.world_size == world_size) & (allreduce.dtype == dtype)]
     if not len(rows):
@@ -116,9 +117,12 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
             **dict(zip(SETUP, setup, strict=True)), "variant": variant, "runs": len(group),
             **{p: _ms(*parts[p]) for p in ("step_ms", *PARTS)},
             "exposed_share": f"{exposed / parts['step_ms'][0]:.0%}" if not np.isnan(exposed) else "—",
-            "gradient_mb": (first["gradient_bytes"] or 0) / 1e6, "allreduce_alone_ms": alone,
+            "gradient_mb": first["gradient_bytes"] / 1e6 if pd.notna(first["gradient_bytes"]) else np.nan,
+            "allreduce_alone_ms": alone,
             "hidden_share": "—" if np.isnan(hidden) else f"{hidden:.0%}",
-            "interval": stats.no_interval_reason(len(group)) or "95 % t-interval over runs",
+            # The fewest runs behind any part: a run without a compute baseline has no compute_ms.
+            "interval": stats.no_interval_reason(int(group[list(PARTS)].notna().sum().min()))
+            or "95 % t-interval over runs",
             **{f"raw_{p}": parts[p][0] for p in ("step_ms", *PARTS)},
             "raw_impl": first["impl"], "raw_dtype": first["dtype"],
         })  # fmt: skip
@@ -142,6 +146,12 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None) -> list[str]:
                 f"communication and overhead {row.raw_exposed_comm_ms:.1f} vs {base.raw_exposed_comm_ms:.1f} ms "
                 f"({row.exposed_share} vs {base.exposed_share} of the step)"
             )
+            slower = row.raw_compute_ms - base.raw_compute_ms
+            if slower > 0.1 * base.raw_compute_ms:
+                text += (
+                    f"; the same compute takes {slower:.1f} ms longer under {row.variant}: its own threads (e.g. "
+                    "Horovod's background thread) share the cores during compute"
+                )
             if row.allreduce_alone_ms == row.allreduce_alone_ms and base.allreduce_alone_ms == base.allreduce_alone_ms:
                 text += (
                     f". Alone, its {row.gradient_mb:.2g} MB gradient allreduce takes {row.allreduce_alone_ms:.1f} ms "
@@ -163,13 +173,13 @@ def alone_table(table: pd.DataFrame, allreduce: pd.DataFrame) -> pd.DataFrame:
     """Each setup's gradient size through every measured implementation (the reference mpi4py included)."""
     rows = []
     for (world, dtype, mb), _ in table.groupby(["world_size", "raw_dtype", "gradient_mb"], sort=False):
-        if not mb:
+        if not mb or pd.isna(mb):
             continue
         row: dict[str, Any] = {"world_size": world, "dtype": dtype, "gradient_mb": mb}
         for impl in dict.fromkeys(allreduce.impl):
             ms = alone_ms(allreduce, impl, int(world), dtype, mb * 1e6)
             row[f"{impl}_ms"] = ms
-            row[f"{impl}_busbw_gbps"] = mb * 1e6 / (ms / 1000) * 2 * (world - 1) / world / 1e9 if ms > 0 else np.nan
+            row[f"{impl}_busbw_gbps"] = rank_side.busbw_gbps(int(mb * 1e6), ms / 1000, int(world)) if ms > 0 else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -171,3 +171,9 @@ def check_supported(backend: str, supported: tuple[str, ...], info: LaunchInfo) 
 
 class WrongLauncherError(RuntimeError):
     """The backend cannot run under the launcher that started this process."""
+
+
+def default_threads(local_world_size: int) -> int:
+    """Torch threads per rank when --threads is not given: cores ÷ local ranks, at least 1, under every
+    launcher (torchrun's OMP_NUM_THREADS=1 and mpirun's nothing would otherwise differ)."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))

@@ -190,13 +190,12 @@ def run(opts: Options, info: launch.LaunchInfo) -> int:
     import torch
 
     from benchmarks import environment
-    from benchmarks.run.harness import default_threads
 
     if opts.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
     if opts.dtype == "float16" and PERIOD * info.world_size > 2048:
         raise InputError(f"float16 cannot hold the exact check sums of {info.world_size} ranks; use --dtype float32")
-    threads = opts.threads or default_threads(info.local_world_size)
+    threads = opts.threads or launch.default_threads(info.local_world_size)
     torch.set_num_threads(threads)
     impl = IMPLEMENTATIONS[opts.impl](info, opts)
     meta: dict[str, Any] = {}

@@ -107,6 +107,8 @@ class TrainFeed(Feed):
         self.sampler.limit = min(steps, cfg.steps_per_epoch or steps) * cfg.accumulate
         self.loader = self._loader(self.sampler)
         self.history: list[list[int]] = []
+        self.replaying = False
+        """Set once training is over: the compute baseline and the trace may ask for any batch trained on."""
 
     def start_epoch(self, epoch: int) -> None:
         """Called at the top of each epoch (0-based), outside the timed window: workers start here."""
@@ -115,10 +117,13 @@ class TrainFeed(Feed):
             self._open(list(self.sampler), self.loader)
 
     def fetch(self, indices: list[int]) -> Batch:
-        self.history.append(indices)
+        if self.tensors is None:  # only a loader's batches are ever replayed
+            self.history.append(indices)
         return super().fetch(indices)
 
     def _reopen(self, indices: list[int]) -> None:
+        if not self.replaying:  # in training a new loader would start inside a timed step: never silently
+            raise RuntimeError(f"the DataLoader's next batch is not the trainer's ({indices[:4]}…): out of step")
         # The compute baseline and the trace cycle through the steps already trained, from the first
         # one they ask for: replay the batches seen so far, endlessly, from there.
         seen = self.history[:-1]

@@ -42,11 +42,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def default_threads(local_world_size: int) -> int:
-    """Cores ÷ local ranks, at least 1: the same rule under every launcher."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
-
-
 def oversubscribed(local_world_size: int) -> bool:
     """More ranks on this host than cores: such a run measures time-slicing, not scaling."""
     return local_world_size > (os.cpu_count() or 1)
@@ -168,6 +163,13 @@ def check_workload(workload: workloads.Workload, name: str) -> None:
                 f"{fn}(out, target) must give one value per sample (shape ({len(x)},) for 2 samples), got {shape}; "
                 "return it unreduced, e.g. F.cross_entropy(out, target, reduction='none')"
             )
+    if workload.optimizer is not None:  # its own optimizer: built on the throwaway model, so a bad one is bad input
+        try:
+            optimizer = workload.optimizer(model, 0.01)
+        except Exception as exc:
+            raise problem(f"optimizer(model, lr) failed: {_describe(exc)}") from exc
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise problem(f"optimizer(model, lr) returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
 
 
 def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload:
@@ -216,7 +218,7 @@ def run(
         # Caught here, before any rank joins a job, rather than only by rank 0 after start-up.
         raise InputError(existing_run_dir(Path(cfg.out) / cfg.run_id))
     fault = faults.Fault.parse(cfg.inject_fault) if cfg.inject_fault else None
-    threads = cfg.threads or default_threads(info.local_world_size)
+    threads = cfg.threads or launch.default_threads(info.local_world_size)
     torch.set_num_threads(threads)
     if info.rank == 0:
         for note in notes:

@@ -257,6 +257,7 @@ class Trainer:
         n = self.cfg.compute_baseline_steps
         if n == 0:
             return []
+        self.train_feed.replaying = True
         model = copy.deepcopy(self.raw_model)  # a copy: training's weights and optimizer state stay as they are
         bare = (model, make_optimizer(model, self.cfg, self.workload))
         steps = [step for epoch in plan for step in epoch]
@@ -276,6 +277,7 @@ class Trainer:
         the tracer's overhead.
         """
         steps = [step for epoch in plan for step in epoch]
+        self.train_feed.replaying = True
         self.backend.barrier()
         with self.backend.trace(directory) as found:
             for i in range(self.cfg.trace_steps):

@@ -293,10 +293,9 @@ def rank_argv(opts: Options) -> list[str]:
 def run_compare(names: list[str], opts: Options, nproc: int, root: Path) -> int:
     """Each variant under its launcher into `root`, then the combined CSV, plot and table; 0 if all passed."""
     from benchmarks.run import recorder
-    from benchmarks.run.harness import default_threads
 
     started = time.perf_counter()
-    threads = opts.threads or default_threads(nproc)
+    threads = opts.threads or launch.default_threads(nproc)
     opts = dataclasses.replace(opts, threads=threads)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # the same OpenMP setting under every launcher
     if os.geteuid() == 0:  # Open MPI refuses root unless told; horovodrun --mpi passes its own flag

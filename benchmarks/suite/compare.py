@@ -306,7 +306,8 @@ def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scali
     full, rs = comparison_frame(root, attempts, jobs, scaling)
     full.reindex(columns=COMPARISON_COLUMNS).to_csv(root / "comparison.csv", index=False)
     labelled = full.assign(backend=tables.backend_labels(full))  # a backend under two launchers: a row each
-    text = tables.format_table(tables.backend_table(labelled), tables.loss_agreement(rs) if rs is not None else 0.0)
+    agreement = tables.loss_agreement(rs) if rs is not None else float("nan")  # nan: no run to compare
+    text = tables.format_table(tables.backend_table(labelled), agreement)
     scale = tables.scaling(labelled)
     return text + ("\n\n" + tables.format_scaling(scale) if len(scale) else "")
 

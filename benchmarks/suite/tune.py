@@ -226,7 +226,13 @@ def finish(root: Path, attempts: list[compare.Attempt], jobs: list[Job], best: d
         default, tuned = mine[mine.setting == "default"].samples_per_s, mine[mine.setting == "best"].samples_per_s
         point = best.get(v.name)
         gain, lo, hi = stats.ratio_ci(tuned, default) if len(tuned) else (1.0, float("nan"), float("nan"))
-        if not len(tuned):
+        planned = set(full[full.variant == v.name].setting)
+        failed = sorted(s for s in planned if not (mine.setting == s).any())  # every run of that setting failed
+        if failed:
+            gain, lo, hi = float("nan"), float("nan"), float("nan")
+            keep = next(iter(planned - set(failed)), "none")
+            why = f"every {' and '.join(failed)} run failed (see final/comparison.csv): {keep} kept, no gain measured"
+        elif not len(tuned):
             keep, why = "default", "no knobs to tune" if point is None else "the default is the sweep's best"
         elif not lo == lo:  # NaN: fewer than 3 runs of each
             keep, why = "default", f"{stats.no_interval_reason(min(len(tuned), len(default)))}: default kept"

@@ -190,10 +190,5 @@ def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_bat
         for v in chosen:
             mine = one_process(at_n, n) if v.backend in backends.ONE_PROCESS else at_n
             prefix = v.slug if len(sizes) == 1 else f"{v.slug}-w{n}"
-            jobs.append(Job(v, n, mine, knobs.get(v.backend, []), threads or default_threads(n), prefix))
+            jobs.append(Job(v, n, mine, knobs.get(v.backend, []), threads or launch.default_threads(n), prefix))
     return jobs
-
-
-def default_threads(local_ranks: int) -> int:
-    """The harness's rule (cores ÷ local ranks), without importing torch here."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))

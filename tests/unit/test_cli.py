@@ -40,6 +40,11 @@ def raises(seed, train_size=None, val_size=None):
 def not_a_workload(seed, train_size=None, val_size=None):
     return {"model": None}
 
+def bad_optimizer(seed, train_size=None, val_size=None):
+    workload = good(seed)
+    workload.optimizer = lambda model, lr: "adam"
+    return workload
+
 class Inputs(torch.utils.data.Dataset):
     def __len__(self):
         return 64
@@ -76,6 +81,7 @@ BAD_INPUT = {
     "zero trace steps": (["--trace-steps", "0"], "--trace-steps must be a positive integer"),
     "factory raises": (["--workload", "wl_custom:raises"], "workload 'wl_custom:raises' failed to build: KeyError"),
     "factory returns junk": (["--workload", "wl_custom:not_a_workload"], "returned dict, not a workloads.Workload"),
+    "optimizer not an optimizer": (["--workload", "wl_custom:bad_optimizer"], "optimizer(model, lr) returned str"),
     "mean-reduced loss": (["--workload", "wl_custom:mean_loss"], "loss(out, target) must give one value per sample"),
     "missing factory": (["--workload", "wl_custom:nothing"], "cannot load workload 'wl_custom:nothing'"),
     "dataset items not pairs": (["--workload", "wl_custom:dataset_of_inputs"], "must be the pair (input, target)"),
