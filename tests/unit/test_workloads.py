@@ -167,7 +167,12 @@ def test_the_loader_yields_the_planned_batches_every_epoch(workers: int) -> None
                 bx, by = feed.fetch(batch)
                 assert torch.equal(bx, x[batch]) and torch.equal(by, y[batch])
             assert feed.sampler.limit == 10 and len(feed.sampler) == 10  # nothing prefetched past the cap
+        # In training a batch out of step is an error: a new loader would start inside a timed step.
+        feed.start_epoch(0)
+        with pytest.raises(RuntimeError, match="out of step"):
+            feed.fetch(feed.history[3])
         # The compute baseline and the trace replay steps already trained, from any of them.
+        feed.replaying = True
         for batch in feed.history[7:12]:
             bx, _ = feed.fetch(batch)
             assert torch.equal(bx, x[batch])
