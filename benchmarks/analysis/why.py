@@ -22,11 +22,11 @@ from scipy import stats as scipy_stats
 
 from benchmarks.analysis import collectives, stats, timeline
 from benchmarks.analysis.load import RunSet
+from benchmarks.analysis.tables import SETUP
 from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
 PARTS = ("compute_ms", "exposed_comm_ms", "other_ms")
-SETUP = ("workload", "world_size", "global_batch")
 REFERENCE_IMPL = "mpi4py"
 
 
