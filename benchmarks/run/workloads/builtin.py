@@ -172,6 +172,9 @@ class TinyGPT(nn.Module):
         self.blocks = nn.Sequential(*[_Block(dim, heads) for _ in range(layers)])
         self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
         if tied:  # GPT-2's output layer is its token embedding: one parameter, one gradient
+            # and GPT-2's init (std 0.02): nn.Embedding's N(0, 1) as output weights makes logits so large
+            # that the first loss is ~80 instead of ln(vocab).
+            nn.init.normal_(self.tok.weight, std=0.02)
             self.head.weight = self.tok.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
