@@ -121,6 +121,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         notes.append("no launcher detected: 1 rank; use torchrun/mpirun/horovodrun for more")
     try:
         options = config.from_namespace(backend_cls.options_type, args)
+        config.check_values(options)
         run_dir = harness.run(args.backend, cfg, options, config.all_options(args), notes)
     except (InputError, launch.WrongLauncherError) as exc:
         return _bad_input(info.rank, exc)

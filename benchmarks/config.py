@@ -82,7 +82,7 @@ class DDPConfig:
     """Knobs of torch.nn.parallel.DistributedDataParallel (defaults are PyTorch's)."""
 
     dist_backend: str | None = _opt(None, "torch.distributed backend", "gloo on CPU, nccl on CUDA")
-    bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MB")
+    bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MB", above=0)
     gradient_as_bucket_view: bool = _opt(False, "let gradients alias the DDP buckets")
     static_graph: bool = _opt(False, "tell DDP the graph is the same every step")
     broadcast_buffers: bool = _opt(True, "broadcast buffers (BatchNorm stats) every forward; Horovod never does")
@@ -93,8 +93,10 @@ class DDPConfig:
 class HorovodConfig:
     """Knobs of horovod.torch (defaults are Horovod 0.28's)."""
 
-    fusion_threshold_mb: float = _opt(128.0, "Horovod tensor-fusion buffer in MB (HOROVOD_FUSION_THRESHOLD)")
-    cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME)")
+    fusion_threshold_mb: float = _opt(
+        128.0, "Horovod tensor-fusion buffer in MB (HOROVOD_FUSION_THRESHOLD); 0 turns fusion off", at_least=0
+    )
+    cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME)", above=0)
     hvd_op: str = _opt("average", "Horovod reduction op: average or adasum", choices=("average", "adasum"))
 
 
@@ -156,6 +158,19 @@ def flag_of(f: dataclasses.Field[Any]) -> str:
 def negated_flag_of(f: dataclasses.Field[Any]) -> str:
     """`--no-x`, which turns off a bool option that defaults to on."""
     return "--no-" + f.name.replace("_", "-")
+
+
+def check_values(section_obj: Any) -> None:
+    """Refuse a backend option outside its range or choices (metadata `above`, `at_least`, `choices`), so a
+    value given on the command line and one from a tune grid are held to the same rule."""
+    for f in dataclasses.fields(section_obj):
+        value, meta = getattr(section_obj, f.name), f.metadata
+        if "choices" in meta and value not in meta["choices"]:
+            raise InputError(f"{flag_of(f)} must be one of {', '.join(meta['choices'])}, got {value!r}")
+        if "above" in meta and not value > meta["above"]:
+            raise InputError(f"{flag_of(f)} must be greater than {meta['above']}, got {value}")
+        if "at_least" in meta and not value >= meta["at_least"]:
+            raise InputError(f"{flag_of(f)} must be at least {meta['at_least']}, got {value}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:

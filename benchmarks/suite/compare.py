@@ -322,11 +322,15 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     sizes = variants.parse_nproc(args.nproc)
     if args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got {args.repeats}")
+    if args.global_batch is not None and args.global_batch < 1:
+        raise InputError(f"--global-batch must be a positive integer, got {args.global_batch}")
     if args.global_batch is not None and args.batch_size is not None:
         raise InputError("--global-batch sets the per-rank batch (G ÷ ranks); give it or --batch-size, not both")
     # Each backend gets only its own knobs, so no run warns about another backend's.
-    knobs = {v.backend: config.to_argv(config.from_namespace(backends.get(v.backend).options_type, args))
-             for v in chosen}  # fmt: skip
+    options = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
+    for option in options.values():
+        config.check_values(option)
+    knobs = {backend: config.to_argv(option) for backend, option in options.items()}
     jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads)
     check_jobs(jobs, cli.validate)
     root = make_compare_dir(Path(cfg.out), cfg.run_id)

@@ -100,6 +100,12 @@ def load_grid(path: str | None) -> dict[str, dict[str, list[Any]]]:
                     f"--grid {path}: [{backend}] {key} needs a list of {kind.__name__ if kind else 'values'}"
                 )
             checked[key] = [kind(v) if kind else v for v in values]
+            defaults = backends.get(backend).options_type()
+            for value in checked[key]:  # the same rule as the command line's, before anything runs
+                try:
+                    config.check_values(dataclasses.replace(defaults, **{key: value}))
+                except InputError as exc:
+                    raise InputError(f"--grid {path}: [{backend}] {exc}") from exc
         grid[backend] = checked
     return grid
 

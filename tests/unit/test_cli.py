@@ -67,6 +67,8 @@ BAD_INPUT = {
     "bad fault": (["--inject-fault", "explode@1"], "--inject-fault takes MODE@STEP[:RANK]"),
     "cuda absent": (["--device", "cuda"], "torch sees no CUDA device; use --device cpu"),
     "zero lr": (["--lr", "0"], "--lr must be a positive number, got 0.0"),
+    "negative bucket": (["--backend", "ddp", "--bucket-cap-mb", "-1"], "--bucket-cap-mb must be greater than 0"),
+    "negative fusion": (["--backend", "horovod", "--fusion-threshold-mb", "-1"], "threshold-mb must be at least"),
     "negative lr": (["--lr", "-0.1"], "--lr must be a positive number"),
     "steps per epoch within warm-up": (
         ["--epochs", "1", "--steps-per-epoch", "5", "--warmup-steps", "5"],

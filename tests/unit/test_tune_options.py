@@ -32,6 +32,8 @@ def test_a_grid_file_replaces_the_tables_it_has() -> None:
         ("[single]\nx = [1]\n", "is not a backend table"),
         ("[horovod]\ncycle_time_ms = ['fast']\n", "cycle_time_ms needs a list of float"),
         ("[ddp\n", "is not valid TOML"),
+        ("[horovod]\nhvd_op = ['sum']\n", "[horovod] --hvd-op must be one of average, adasum, got 'sum'"),
+        ("[ddp]\nbucket_cap_mb = [5, -1]\n", "[ddp] --bucket-cap-mb must be greater than 0, got -1.0"),
     ],
 )
 def test_a_bad_grid_is_one_line(tmp_path, capsys, text: str, message: str) -> None:

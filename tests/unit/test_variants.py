@@ -42,6 +42,9 @@ def test_launcher_applies_to_bare_names_only() -> None:
         (["--nproc", "2", "--global-batch", "64", "--accumulate", "3"], "give a multiple of 6"),
         (["--global-batch", "64", "--batch-size", "8"], "give it or --batch-size, not both"),
         (["--repeats", "0"], "--repeats must be a positive integer"),
+        (["--global-batch", "0"], "--global-batch must be a positive integer, got 0"),
+        (["--global-batch", "-8"], "--global-batch must be a positive integer, got -8"),
+        (["--cycle-time-ms", "0"], "--cycle-time-ms must be greater than 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, argv, message) -> None:
