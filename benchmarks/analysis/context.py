@@ -95,3 +95,28 @@ def headline(rs: RunSet, per_run: pd.DataFrame) -> str:
             f"timed steps per run: {row['runs']}"
         )
     return "compared: " + "; ".join(parts)
+
+
+NOT_MEASURED = ("config_trace", "config_trace_steps", "config_compute_baseline_steps", "config_overwrite")
+"""Options that change no recorded number (they act after the timed steps, or on the run directory)."""
+
+
+def pooled_settings(rs: RunSet) -> list[str]:
+    """Warnings for a variant whose runs in one setup differ in a knob or run option (a tune directory's
+    sweep, say): its throughput interval would pool different settings as if they were repeats."""
+    runs = rs.runs
+    if "variant" not in runs:
+        return []
+    columns = [c for c in runs if c.startswith(("knob_", "config_")) and c not in NOT_MEASURED]
+    said = []
+    for (variant, *setup), group in runs.groupby(["variant", "workload", "global_batch", "world_size"], sort=False):
+        differ = [c for c in columns if group[c].astype(str).nunique() > 1]
+        if differ:
+            plain = dict.fromkeys(c.split("_", 1)[1] for c in differ)  # a knob is often also an option
+            names = ", ".join(f"--{n}".replace("_", "-") if f"config_{n}" in runs else n for n in plain)
+            said.append(
+                f"warning: {variant} ({setup[0]}, global batch {_text(setup[1])}, {_text(setup[2])} rank(s)): its runs "
+                f"differ in {names}, so its interval pools different settings as if they were repeats; report the "
+                "runs of one setting at a time (for a tune, its report/)"
+            )
+    return said

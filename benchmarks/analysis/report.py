@@ -83,6 +83,9 @@ def write(
         ] = scale
     sections.update(explained.tables)
     sections.update(extra or {})
+    pooled = context.pooled_settings(rs)
+    if pooled:
+        summary += "\n" + "\n".join(pooled)
     if explained.sentences:
         summary += "\n\nWhy:\n" + "\n".join(f"- {line}" for line in explained.sentences)
     _write_files(sections, ("Knobs", summary), images, out, formats)

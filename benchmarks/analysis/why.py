@@ -121,8 +121,9 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
             "allreduce_alone_ms": alone,
             "hidden_share": "—" if np.isnan(hidden) else f"{hidden:.0%}",
             # The fewest runs behind any part: a run without a compute baseline has no compute_ms.
-            "interval": stats.no_interval_reason(int(group[list(PARTS)].notna().sum().min()))
-            or "95 % t-interval over runs",
+            "interval": "no compute baseline (--compute-baseline-steps 0): the step is not split"
+            if group["compute_ms"].isna().all()
+            else stats.no_interval_reason(int(group[list(PARTS)].notna().sum().min())) or "95 % t-interval over runs",
             **{f"raw_{p}": parts[p][0] for p in ("step_ms", *PARTS)},
             "raw_impl": first["impl"], "raw_dtype": first["dtype"],
         })  # fmt: skip

@@ -248,7 +248,9 @@ def write_report(root: Path) -> None:
     try:
         from benchmarks.analysis import report
 
-        report.write([root], root / "report", {"md", "html"})
+        summary = report.write([root], root / "report", {"md", "html"})
+        if "\nWhy:\n" in summary:  # the report's plain-words reasons belong on the terminal too
+            print(summary[summary.index("\nWhy:\n") + 1 :])
         print(f"report: {root / 'report' / 'report.html'}")
     except FileNotFoundError as exc:  # no run completed: nothing to plot
         print(f"[compare] no report: {exc}", file=sys.stderr)

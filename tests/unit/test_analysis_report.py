@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.analysis import load, report, tables
+from benchmarks.analysis import context, load, report, tables
 from tests.unit.test_report import make_run
 
 ONE_RANK = [[1.0, 0.1, 0.1]]
@@ -62,3 +62,17 @@ def test_failed_backend_points_at_its_run_json_error(tmp_path) -> None:
     line = next(li for li in summary.splitlines() if li.startswith("horovod"))
     assert "0/1" in line and f"FAILED: {failed}/run.json: horovod exploded" in line
     assert "--include-failed" not in summary
+
+
+def test_runs_of_one_variant_with_different_knobs_are_flagged_not_pooled_silently(tmp_path) -> None:
+    """A tune directory holds one variant at several settings: report says its interval would pool them."""
+    for i, bucket in enumerate((1.0, 1.0, 25.0)):
+        meta = {**DDP, "knobs": {**DDP["knobs"], "bucket_cap_mb": bucket},
+                "config": {**DDP["config"], "bucket_cap_mb": bucket}}  # fmt: skip
+        make_run(tmp_path, f"ddp-p{i}", "ddp", ONE_RANK, wall=1.0, meta=meta)
+    (warning,) = context.pooled_settings(load.load_runs(tmp_path))
+    assert warning.startswith("warning: ddp@torchrun (synthetic") and "differ in --bucket-cap-mb," in warning
+    same = tmp_path / "same"
+    for i in range(2):
+        make_run(same, f"ddp-r{i}", "ddp", ONE_RANK, wall=1.0, meta=DDP)
+    assert context.pooled_settings(load.load_runs(same)) == []

@@ -156,6 +156,8 @@ def _pairs(name: str, text: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise ValueError(f"workload '{name}': '{item}' is not key=value; write e.g. transformer:dim=256,layers=4")
+        if key.strip() in out:
+            raise ValueError(f"workload '{name}': {key.strip()} is given twice; give each argument once")
         out[key.strip()] = _value(value.strip())
     return out
 
@@ -260,7 +262,8 @@ def load(name: str, seed: int, train_size: int | None = None, val_size: int | No
     try:
         workload = factory(seed, train_size, val_size, **args)
     except Exception as exc:
-        raise ValueError(f"workload '{name}' failed to build: {type(exc).__name__}: {exc}") from exc
+        said = " ".join(str(exc).split())  # one line: some libraries' messages span several
+        raise ValueError(f"workload '{name}' failed to build: {type(exc).__name__}: {said}") from exc
     if not isinstance(workload, Workload):
         raise ValueError(f"workload '{name}': the factory returned {type(workload).__name__}, not a workloads.Workload")
     if parsed.kind == "builtin":  # hf's factory records its own, the configuration's values included
