@@ -26,6 +26,7 @@ from benchmarks.run import guard
 SCHEMA_VERSION = 2
 KNOWN_SCHEMAS = frozenset({1, 2})
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
+FINISH_LOCK_WAIT_S = 5.0
 
 TIMING_COLUMNS = (
     "run_id", "backend", "world_size", "rank", "epoch", "step", "warmup",
@@ -127,9 +128,15 @@ class Recorder:
         return row
 
     def finish(self, status: str, **extra: Any) -> None:
-        with self.lock:
+        # Bounded wait: SIGTERM's exception can reach the main thread just as it takes the lock, leaving it
+        # held by nobody who will release it; the watcher thread must still record why the run ended.
+        locked = self.lock.acquire(timeout=FINISH_LOCK_WAIT_S)
+        try:
             self.meta.update(status=status, **extra)
             write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+        finally:
+            if locked:
+                self.lock.release()
 
 
 def effective_status(meta: dict[str, Any]) -> str:

@@ -68,7 +68,7 @@ def test_a_killed_rank_is_not_blamed_on_rank_0(tmp_path, launcher: str) -> None:
            "--inject-fault", "sigkill@4:1"]  # fmt: skip
     proc = run_cmd(cmd, timeout=100)
     meta = json.loads((tmp_path / "r" / "run.json").read_text())
-    assert meta["status"] == "failed" and meta["failed_rank"] is None, meta
+    assert meta["status"] == "failed" and meta["failed_rank"] is None, (meta, proc.stderr[-3000:])
     assert meta["error"].startswith("another rank died or stopped answering"), meta["error"]
     assert "run failed on rank 0" not in proc.stderr
 
