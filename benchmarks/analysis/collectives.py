@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks.analysis import tables
 from benchmarks.analysis.load import find_run_dirs
 from benchmarks.run import collectives as rank_side
 from benchmarks.run.recorder import RUN_JSON, effective_status
@@ -276,7 +277,7 @@ class AllreduceSection:
             ("Bus bandwidth (GB/s)", self.busbw),
             ("Time per allreduce (µs)", self.time_us),
         ):
-            parts += [f"### {title}", "", markdown_table(frame), ""]
+            parts += [f"### {title}", "", tables.markdown_table(frame, missing="—"), ""]
         for png in self.figures:
             rel = png.relative_to(figure_dir) if figure_dir and png.is_relative_to(figure_dir) else png.name
             parts += [f"![{png.stem}]({rel})", ""]
@@ -292,19 +293,6 @@ class AllreduceSection:
                 for b, t in zip(self.busbw[column], self.time_us[column], strict=True)
             ]
         return "bus bandwidth GB/s (time µs) per allreduce\n" + joined.to_string(index=False)
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A pipe table; floats to 4 significant digits, missing values as —."""
-
-    def cell(value: object) -> str:
-        if value is None or (isinstance(value, float) and value != value):
-            return "—"
-        return f"{value:.4g}" if isinstance(value, float) else str(value).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def _wide(frame: pd.DataFrame, column: str, scale: float = 1.0) -> pd.DataFrame:

@@ -19,16 +19,6 @@ from benchmarks.analysis.load import RunSet
 __all__ = ["RunSet", "write"]
 
 
-def _markdown(frame: pd.DataFrame) -> str:
-    def cell(value: object) -> str:
-        text = f"{value:.4g}" if isinstance(value, float) else str(value)
-        return "" if text in ("nan", "None") else text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
 def write(
     paths: list[str | Path],
     out: Path,
@@ -101,7 +91,7 @@ def _write_files(
     if "md" in formats:
         md = ["# distbench report", ""]
         for title, frame in sections.items():
-            md += [f"## {title}", "", _markdown(frame), ""]
+            md += [f"## {title}", "", tables.markdown_table(frame), ""]
             if title.startswith(after):
                 md += ["## Summary", "", "```", text, "```", ""]
         md += [f"![{p.stem}]({p.name})" for p in images]

@@ -384,3 +384,15 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
         "descriptive, no interval."
     )
     return "\n".join(lines)
+
+
+def markdown_table(frame: pd.DataFrame, missing: str = "") -> str:
+    """A pipe table for report.md: floats to 4 significant digits, `missing` for NaN/None."""
+
+    def cell(value: object) -> str:
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return missing if text in ("nan", "None") else text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
