@@ -2,7 +2,7 @@
 #   make demo    the DDP-vs-Horovod comparison
 #   make test    the whole test suite (tests/unit, then tests/integration with real launchers)
 #   make test-fast  the in-process unit tests (under a minute)
-#   make lint    ruff
+#   make lint    ruff and the import layering (lint-imports)
 # Override: make test TORCH_SPEC='torch==2.14.1'; make test VENV=/path/to/env TORCH_SPEC= (keep its torch);
 #           make test PYTEST_ARGS='-k launch -x'.
 
@@ -46,6 +46,7 @@ test-fast: setup
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) results/runs

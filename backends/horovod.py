@@ -13,7 +13,8 @@ from torch import nn
 
 from backends.base import Backend, ReduceOp
 from benchmarks import launch
-from benchmarks.config import HorovodConfig, InputError
+from benchmarks.config import HorovodConfig
+from benchmarks.errors import InputError
 
 INSTALL_HINT = "Horovod is not installed with PyTorch support; run `make setup` or docker/install-horovod.sh"
 

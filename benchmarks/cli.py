@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import backends
 from benchmarks import config
-from benchmarks.config import InputError, RunConfig
-
-EXIT_BAD_INPUT = 2
+from benchmarks.config import RunConfig
+from benchmarks.errors import EXIT_BAD_INPUT, InputError, bad_input, error
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -32,84 +28,17 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         config.add_arguments(parser, section)
 
 
-def validate(backend: str, cfg: RunConfig) -> None:
-    """Refuse bad input before any process group starts; torch is imported only for --device cuda."""
-    if backend not in backends.NAMES:
-        raise InputError(f"unknown backend '{backend}'; known: {', '.join(backends.NAMES)}")
-    for name in ("epochs", "batch_size", "accumulate", "flush_every"):
-        if getattr(cfg, name) < 1:
-            raise InputError(f"{config.flag(name)} must be a positive integer, got {getattr(cfg, name)}")
-    for name in ("train_size", "val_size", "steps_per_epoch", "threads"):
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise InputError(f"{config.flag(name)} must be a positive integer, got {value}")
-    if not cfg.lr > 0:  # also refuses nan
-        raise InputError(f"--lr must be a positive number, got {cfg.lr}")
-    if cfg.warmup_steps < 0 or not cfg.timeout > 0:
-        raise InputError("--warmup-steps must be >= 0 and --timeout > 0")
-    if cfg.compute_baseline_steps < 0:
-        raise InputError(f"--compute-baseline-steps must be >= 0 (0 turns it off), got {cfg.compute_baseline_steps}")
-    if cfg.trace_steps < 1:
-        raise InputError(f"--trace-steps must be a positive integer, got {cfg.trace_steps}")
-    if cfg.workers < 0:
-        raise InputError(f"--workers must be >= 0 (0 loads in the training process), got {cfg.workers}")
-    if cfg.prefetch_factor < 1:
-        raise InputError(f"--prefetch-factor must be a positive integer, got {cfg.prefetch_factor}")
-    from benchmarks.run import workloads  # torch-free: names and size arguments are checked without torch
-
-    try:
-        workloads.parse(cfg.workload)
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    if cfg.steps_per_epoch is not None and cfg.epochs * cfg.steps_per_epoch <= cfg.warmup_steps:
-        raise config.no_timed_steps(cfg, cfg.steps_per_epoch)
-    if cfg.inject_fault:
-        from benchmarks.run import faults
-
-        try:
-            faults.Fault.parse(cfg.inject_fault)
-        except ValueError as exc:
-            raise InputError(str(exc)) from exc
-    if cfg.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
-
-
-def _error(message: str) -> None:
-    print(f"distbench: error: {message}", file=sys.stderr, flush=True)
-
-
-RANK0_GRACE_S = 10.0
-"""How long a rank other than 0 waits before exiting on bad input, so that rank 0 has said it."""
-
-
-def _bad_input(rank: int, exc: Exception) -> int:
-    """Every rank sees the same input, so only rank 0 says what is wrong; every rank exits 2."""
-    if rank == 0:
-        if not getattr(exc, "said", False):
-            _error(str(exc))
-    else:
-        # A launcher stops the whole job when the first rank exits: leaving before rank 0 has printed
-        # would lose the only line. Rank 0's exit ends this wait early, through the launcher's SIGTERM,
-        # which must then end this rank quietly (no traceback, no failure recorded: nothing ran).
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(EXIT_BAD_INPUT))
-        time.sleep(RANK0_GRACE_S)
-    return EXIT_BAD_INPUT
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from benchmarks import launch
     from benchmarks.run import workloads
+    from benchmarks.run.validate import validate
 
     info = launch.detect()
     cfg = workloads.resolve(config.from_namespace(RunConfig, args))
     try:
         validate(args.backend, cfg)
     except InputError as exc:
-        return _bad_input(info.rank, exc)
+        return bad_input(info.rank, exc)
 
     from benchmarks.run import harness  # imports torch: only past the checks that need none
     from benchmarks.run import recorder as results
@@ -124,10 +53,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config.check_values(options)
         run_dir = harness.run(args.backend, cfg, options, config.all_options(args), notes)
     except (InputError, launch.WrongLauncherError) as exc:
-        return _bad_input(info.rank, exc)
+        return bad_input(info.rank, exc)
     except results.ResultsWriteError as exc:
         if info.rank == 0:
-            _error(exc.strerror)
+            error(exc.strerror)
         return 1
     except harness.RunFailed:
         return 1  # rank 0 has said it in one line; run.json holds it
@@ -158,15 +87,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_report_dir(args.paths)
     blocker = next((p for p in (out, *out.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
-        _error(f"--out {out} is not a directory ({blocker} is a file); choose a directory for the report")
+        error(f"--out {out} is not a directory ({blocker} is a file); choose a directory for the report")
         return EXIT_BAD_INPUT
     try:
         print(report.write(args.paths, out, formats, include_failed=args.include_failed))
     except (FileNotFoundError, load.SchemaError) as exc:
-        _error(str(exc))
+        error(str(exc))
         return EXIT_BAD_INPUT
     except OSError as exc:
-        _error(f"cannot write the report to {out}: {exc.strerror or exc}; choose another --out")
+        error(f"cannot write the report to {out}: {exc.strerror or exc}; choose another --out")
         return EXIT_BAD_INPUT
     print(out)
     return 0
@@ -257,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     code = args.func(args)
-    # Only a completed run: after a failure the peers may be gone or waiting out RANK0_GRACE_S, and
+    # Only a completed run: after a failure the peers may be gone or waiting out errors.RANK0_GRACE_S, and
     # MPI_Finalize would wait for them.
     if args.command == "run" and code == 0 and argv is None:
         from benchmarks.launch import rendezvous

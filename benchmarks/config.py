@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from benchmarks import catalog
+from benchmarks.errors import InputError
 
 
 def _opt(default: Any, help: str, shown: str | None = None, **extra: Any) -> Any:
@@ -18,7 +22,7 @@ def _opt(default: Any, help: str, shown: str | None = None, **extra: Any) -> Any
 
 
 WORKLOAD_DEFAULT = "the workload's"
-"""`shown` of an option whose None is filled in per workload (benchmarks.run.workloads.defaults_for)."""
+"""`shown` of an option whose None is filled in per workload (benchmarks.catalog.defaults_for)."""
 
 
 @dataclass
@@ -100,16 +104,89 @@ class HorovodConfig:
     hvd_op: str = _opt("average", "Horovod reduction op: average or adasum", choices=("average", "adasum"))
 
 
+ALLREDUCE_IMPLS = ("torch", "horovod", "mpi4py")
+DTYPES = {"float32": 4, "float16": 2}
+"""`distbench allreduce --dtype` choices and their bytes per element."""
+DEFAULT_SIZES = "4-256M"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'4', '1K', '64M', '1GiB', '256MB' → bytes (binary units: K = 1024)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise InputError(f"--sizes: '{text}' is not a size; write bytes with an optional K, M or G, e.g. 4, 1K, 64M")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1K,1M,64M' → those sizes; 'A-B' → every power-of-two multiple of A up to B. Sorted, no duplicates."""
+    sizes: set[int] = set()
+    for item in (part for part in text.split(",") if part.strip()):
+        low, sep, high = item.partition("-")
+        first = parse_size(low)
+        last = parse_size(high) if sep else first
+        if first < 1 or last < first:
+            raise InputError(f"--sizes: '{item.strip()}' is not a positive size or a range low-high, e.g. 4-256M")
+        while first <= last:
+            sizes.add(first)
+            first *= 2
+    if not sizes:
+        raise InputError("--sizes is empty; e.g. --sizes 1K,1M,64M or --sizes 4-256M")
+    return sorted(sizes)
+
+
+def format_size(size_bytes: int) -> str:
+    """4 → '4 B', 1024 → '1 KiB', 3 MiB → '3 MiB' (the largest binary unit that divides it)."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size_bytes % unit == 0:
+            return f"{size_bytes // unit} {name}"
+    return f"{size_bytes} B"
+
+
+@dataclass
+class AllreduceConfig:
+    """`distbench allreduce`: one implementation's sweep under the launcher that started it (run.json `config`)."""
+
+    impl: str | None = _opt(
+        None,
+        "what to measure under this launcher: torch.distributed (gloo on CPU, nccl on CUDA), Horovod's "
+        "hvd.allreduce_ (the controller its launcher gives it) or mpi4py's Allreduce",
+        "required without --compare",
+        choices=ALLREDUCE_IMPLS,
+    )
+    sizes: list[int] = field(
+        default_factory=lambda: parse_sizes(DEFAULT_SIZES),
+        metadata={
+            "help": "message sizes in bytes: a list like 1K,1M,64M (K, M, G are binary) or a power-of-two "
+            "range low-high",
+            "shown": f"{DEFAULT_SIZES}, i.e. 4 B to 256 MiB",
+            "text": DEFAULT_SIZES,
+            "parse": parse_sizes,
+        },
+    )
+    dtype: str = _opt("float32", "element type", choices=tuple(DTYPES))
+    iters: int | None = _opt(
+        None, "timed iterations per size", "enough for ~0.5 s, from the warm-up's median call; 5 to 100000"
+    )
+    warmup: int | None = _opt(None, "untimed iterations before each size", "64 MiB's worth, 1 to 10")
+    device: str = _opt(
+        "cpu", "where the buffers live; cuda: one GPU per local rank, torch uses nccl", choices=("cpu", "cuda")
+    )
+    threads: int | None = _opt(None, "torch intra-op threads per rank", "cores ÷ local ranks")
+    out: str = _opt("results/allreduce", "directory that receives <run-id>/")
+    run_id: str | None = _opt(None, "name of the run (or --compare) directory", "time-allreduce-impl-wN-xxxx")
+    overwrite: bool = _opt(False, "replace an existing run directory of that --run-id")
+    timeout: float = _opt(300.0, "seconds a rank may make no progress before the run fails")
+    quiet: bool = _opt(False, "no progress bar (the bar is on rank 0 only)")
+    inject_wrong_result: bool = _opt(
+        False, "testing: one rank's reduced buffer is changed before the check, which must catch it", hidden=True
+    )
+
+
 @dataclass
 class NoOptions:
     """A backend without knobs of its own (`single`)."""
-
-
-class InputError(ValueError):
-    """Bad input caught before any work: one line naming the fix, exit code 2, no result files."""
-
-    said = False
-    """True once rank 0 has printed it (found after start-up, it is said before the backend shuts down)."""
 
 
 def no_timed_steps(cfg: RunConfig, steps_per_epoch: int) -> InputError:
@@ -126,12 +203,10 @@ T = TypeVar("T")
 
 def workload_defaults_text(name: str) -> str:
     """What `None` means for an option each workload sets, value by value: "mlp, cnn 0.05; transformer 0.3"."""
-    from benchmarks.run import workloads  # torch-free registry; imported late only to keep this module a leaf
-
     by_value: dict[Any, list[str]] = {}
-    for workload in workloads.REGISTRY:
-        by_value.setdefault(workloads.defaults_for(workload).get(name, "its own"), []).append(workload)
-    by_value.setdefault(workloads.GENERIC_DEFAULTS.get(name, "its own"), []).append("module:factory")
+    for workload in catalog.REGISTRY:
+        by_value.setdefault(catalog.defaults_for(workload).get(name, "its own"), []).append(workload)
+    by_value.setdefault(catalog.GENERIC_DEFAULTS.get(name, "its own"), []).append("module:factory")
     return f"{WORKLOAD_DEFAULT}: " + "; ".join(f"{', '.join(names)} {value}" for value, names in by_value.items())
 
 
@@ -139,8 +214,10 @@ def default_text(f: dataclasses.Field[Any]) -> str:
     """The default a user gets, in words: shown in --help and in the README's option table."""
     if f.metadata.get("shown") == WORKLOAD_DEFAULT:
         return workload_defaults_text(f.name)
+    if f.metadata.get("shown"):
+        return f.metadata["shown"]
     if f.default is None:
-        return f.metadata.get("shown") or "none"
+        return "none"
     if isinstance(f.default, bool):
         return "on" if f.default else "off"
     return str(f.default)
@@ -177,21 +254,31 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
     """Add one `--kebab-case` option per field of a config dataclass."""
     group = parser.add_argument_group(section.__name__, section.__doc__)
     for f in dataclasses.fields(section):
+        # A field parsed from text (metadata `parse`) gets its text default; from_namespace parses it, so a
+        # bad value is an InputError said once by rank 0 rather than argparse's usage error on every rank.
+        default = f.metadata.get("text", f.default)
         # %(default)s, not the field's default, so a sub-command's set_defaults shows in its --help.
-        plain = f.default is not None and not isinstance(f.default, bool)
+        plain = not f.metadata.get("shown") and default is not None and not isinstance(default, bool)
         shown = "%(default)s" if plain else default_text(f).replace("%", "%%")
         help_text = f.metadata["help"].replace("%", "%%") + f" (default: {shown})"
+        if f.metadata.get("hidden"):
+            help_text = argparse.SUPPRESS
         if f.type in ("bool", bool):
             action = argparse.BooleanOptionalAction if f.default else "store_true"
             # Set help after construction: BooleanOptionalAction appends its own "(default: True)" on 3.10/3.11.
             group.add_argument(flag_of(f), action=action, default=f.default).help = help_text
             continue
         kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(f.type), str)
-        group.add_argument(flag_of(f), type=kind, default=f.default, help=help_text, choices=f.metadata.get("choices"))
+        group.add_argument(flag_of(f), type=kind, default=default, help=help_text, choices=f.metadata.get("choices"))
 
 
 def from_namespace(section: type[T], args: argparse.Namespace) -> T:
-    return section(**{f.name: getattr(args, f.name) for f in dataclasses.fields(section)})
+    """The section's object from parsed options; raises InputError for a text option its `parse` refuses."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(section)}
+    for f in dataclasses.fields(section):
+        if "parse" in f.metadata and isinstance(values[f.name], str):
+            values[f.name] = f.metadata["parse"](values[f.name])
+    return section(**values)
 
 
 def to_argv(section_obj: Any) -> list[str]:
@@ -223,18 +310,31 @@ def inert_options(args: argparse.Namespace, own: type) -> list[str]:
     ]
 
 
+def _option_rows(section: type) -> list[str]:
+    rows = []
+    for f in dataclasses.fields(section):
+        if not f.metadata.get("hidden"):
+            flags = f"{flag_of(f)}` / `{negated_flag_of(f)}" if f.default is True else flag_of(f)
+            rows.append(f"| `{flags}` | {default_text(f)} | {f.metadata['help']} |")
+    return rows
+
+
 def option_table() -> str:
-    """The README's `distbench run` option table, generated from the dataclasses (a test keeps them equal)."""
+    """The manual's `distbench run` option table, generated from the dataclasses (a test keeps them equal)."""
     rows = ["| option | default | meaning |", "|---|---|---|", "| `--backend` | — | `ddp`, `horovod` or `single` |"]
     for section in SECTIONS:
         if section is not RunConfig:
             doc = " ".join((section.__doc__ or "").split())
             rows.append(f"| **{section.__name__}** | | {doc} Other backends ignore these (with a warning). |")
-        for f in dataclasses.fields(section):
-            flags = f"{flag_of(f)}` / `{negated_flag_of(f)}" if f.default is True else flag_of(f)
-            rows.append(f"| `{flags}` | {default_text(f)} | {f.metadata['help']} |")
+        rows += _option_rows(section)
     return "\n".join(rows) + "\n"
 
 
-if __name__ == "__main__":  # python -m benchmarks.config: print the README option table
-    print(option_table(), end="")
+def allreduce_option_table() -> str:
+    """The manual's table of `distbench allreduce`'s sweep options (a test keeps them equal)."""
+    return "\n".join(["| option | default | meaning |", "|---|---|---|", *_option_rows(AllreduceConfig)]) + "\n"
+
+
+if __name__ == "__main__":  # python -m benchmarks.config: print the manual's option tables
+    print(option_table())
+    print(allreduce_option_table(), end="")

@@ -21,9 +21,9 @@ import pandas as pd
 
 from benchmarks.analysis import tables
 from benchmarks.analysis.load import find_run_dirs
+from benchmarks.config import DTYPES, format_size
 from benchmarks.run import collectives as rank_side
 from benchmarks.run.recorder import RUN_JSON, effective_status
-from benchmarks.suite.allreduce import DTYPES, format_size
 
 COMPARISON_CSV = "allreduce-comparison.csv"
 FIGURE = "allreduce_bandwidth.png"

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import check
+from benchmarks.launch.variants import label
 from benchmarks.run import collectives
 from benchmarks.run import recorder as results
 
@@ -96,11 +97,9 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
 
 def run_variant(meta: dict[str, Any]) -> str:
     """`compare`'s name for how the run was launched: ddp@torchrun, horovod@gloo, horovod@mpi, …"""
-    from benchmarks.suite import variants  # torch-free
-
     backend, launcher = str(meta.get("backend") or "?"), str(meta.get("launcher") or "")
     controller = (meta.get("knobs") or {}).get("controller") or meta.get("launcher_detail") or ""
-    return variants.label(backend, launcher, str(controller) if backend == "horovod" else "")
+    return label(backend, launcher, str(controller) if backend == "horovod" else "")
 
 
 def _compare_order(runs: pd.DataFrame) -> pd.DataFrame:

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks import launch
-from benchmarks.config import InputError
+from benchmarks.config import AllreduceConfig
+from benchmarks.errors import InputError
 from benchmarks.launch import rendezvous
-from benchmarks.suite.allreduce import Options
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 PERIOD = 3
@@ -62,7 +62,7 @@ class Collective:
     controller = "none"
     """Horovod's controller (gloo or mpi); `none` for the others."""
 
-    def __init__(self, info: launch.LaunchInfo, opts: Options) -> None:
+    def __init__(self, info: launch.LaunchInfo, opts: AllreduceConfig) -> None:
         import torch
 
         self.info, self.opts = info, opts

@@ -16,6 +16,7 @@ import datetime
 import io
 import math
 import os
+import secrets
 import socket
 import sys
 import time
@@ -25,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks import launch
-from benchmarks.config import InputError
+from benchmarks.config import AllreduceConfig, format_size
+from benchmarks.errors import InputError
 from benchmarks.run import guard
 from benchmarks.run.collective_impls import IMPLEMENTATIONS, NUMPY_DTYPES, PERIOD, Collective, first_wrong
 from benchmarks.run.progress import progress
 from benchmarks.run.recorder import RUN_JSON, write_json_atomic
-from benchmarks.suite.allreduce import Options, format_size, new_id
 
 KIND = "allreduce"
 SCHEMA_VERSION = 1
@@ -108,7 +109,7 @@ def size_row(meta: dict[str, Any], size: int, warmup: int, iters: int, per_rank:
     return row
 
 
-def sweep(impl: Collective, opts: Options, meta: dict[str, Any] | None, watchdog: guard.Watchdog) -> None:
+def sweep(impl: Collective, opts: AllreduceConfig, meta: dict[str, Any] | None, watchdog: guard.Watchdog) -> None:
     """Every size in turn; rank 0 (`meta` given) appends each size's row. Raises WrongResult on all ranks."""
     width = np.dtype(NUMPY_DTYPES[opts.dtype]).itemsize
     bar = progress(len(opts.sizes), f"allreduce {impl.name}", enabled=meta is not None and not opts.quiet)
@@ -162,7 +163,7 @@ def _write_meta(meta: dict[str, Any]) -> None:
     write_json_atomic(Path(meta["run_dir"]) / RUN_JSON, {k: v for k, v in meta.items() if k != "run_dir"})
 
 
-def _open_run_dir(impl: Collective, opts: Options, meta: dict[str, Any]) -> Path | None:
+def _open_run_dir(impl: Collective, opts: AllreduceConfig, meta: dict[str, Any]) -> Path | None:
     """Rank 0 creates the run directory; every rank learns whether that worked, so none waits forever."""
     run_dir, error = Path(opts.out) / meta["run_id"], None
     if impl.rank == 0:
@@ -185,7 +186,12 @@ def _open_run_dir(impl: Collective, opts: Options, meta: dict[str, Any]) -> Path
     return run_dir if impl.rank == 0 else None
 
 
-def run(opts: Options, info: launch.LaunchInfo) -> int:
+def new_id(what: str) -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-allreduce-{what}-{secrets.token_hex(2)}"
+
+
+def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
     """One sweep inside this launcher: 0 when every size's result was right, 1 otherwise (rank 0 says why)."""
     import torch
 

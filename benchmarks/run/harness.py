@@ -32,7 +32,8 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 import backends
 from backends.base import Backend
 from benchmarks import config, environment, launch
-from benchmarks.config import InputError, RunConfig
+from benchmarks.config import RunConfig
+from benchmarks.errors import InputError
 from benchmarks.run import data, faults, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer

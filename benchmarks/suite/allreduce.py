@@ -13,25 +13,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
-import re
-import secrets
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import launch
-from benchmarks.config import InputError
+from benchmarks import config, launch
+from benchmarks.config import DTYPES, AllreduceConfig, format_size
+from benchmarks.errors import EXIT_BAD_INPUT, InputError, bad_input, error
+from benchmarks.launch import variants as launch_variants
 from benchmarks.suite import compare as training_compare
+from benchmarks.suite import variants
 
-IMPLS = ("torch", "horovod", "mpi4py")
-DTYPES = {"float32": 4, "float16": 2}
-DEFAULT_SIZES = "4-256M"
-DEFAULT_OUT = "results/allreduce"
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # What each implementation can be started under. mpi4py needs MPI, which horovodrun gives only with --mpi.
 LAUNCHERS = {
     "torch": (launch.TORCHRUN, launch.MPIRUN, launch.SRUN, launch.PYTHON),
@@ -47,58 +41,6 @@ VARIANTS = {
 }
 
 
-@dataclass
-class Options:
-    """One implementation's sweep, as the rank side gets it (recorded in run.json `config`)."""
-
-    impl: str
-    sizes: list[int]
-    dtype: str = "float32"
-    iters: int | None = None
-    warmup: int | None = None
-    device: str = "cpu"
-    threads: int | None = None
-    out: str = DEFAULT_OUT
-    run_id: str | None = None
-    overwrite: bool = False
-    timeout: float = 300.0
-    quiet: bool = False
-    inject_wrong_result: bool = False
-
-
-def parse_size(text: str) -> int:
-    """'4', '1K', '64M', '1GiB', '256MB' → bytes (binary units: K = 1024)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
-    if not match:
-        raise ValueError(f"--sizes: '{text}' is not a size; write bytes with an optional K, M or G, e.g. 4, 1K, 64M")
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
-def parse_sizes(text: str) -> list[int]:
-    """'1K,1M,64M' → those sizes; 'A-B' → every power-of-two multiple of A up to B. Sorted, no duplicates."""
-    sizes: set[int] = set()
-    for item in (part for part in text.split(",") if part.strip()):
-        low, sep, high = item.partition("-")
-        first = parse_size(low)
-        last = parse_size(high) if sep else first
-        if first < 1 or last < first:
-            raise ValueError(f"--sizes: '{item.strip()}' is not a positive size or a range low-high, e.g. 4-256M")
-        while first <= last:
-            sizes.add(first)
-            first *= 2
-    if not sizes:
-        raise ValueError("--sizes is empty; e.g. --sizes 1K,1M,64M or --sizes 4-256M")
-    return sorted(sizes)
-
-
-def format_size(size_bytes: int) -> str:
-    """4 → '4 B', 1024 → '1 KiB', 3 MiB → '3 MiB' (the largest binary unit that divides it)."""
-    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if size_bytes % unit == 0:
-            return f"{size_bytes // unit} {name}"
-    return f"{size_bytes} B"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """allreduce's options (parsed by every rank: nothing here imports torch)."""
     parser.description = (
@@ -108,12 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "2 ranks of 2 cores."
     )
     add = parser.add_argument
-    add(
-        "--impl",
-        choices=IMPLS,
-        help="what to measure under this launcher: torch.distributed (gloo on CPU, nccl on "
-        "CUDA), Horovod's hvd.allreduce_ (the controller its launcher gives it) or mpi4py's Allreduce",
-    )
     add(
         "--compare",
         action="store_true",
@@ -127,51 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "under mpirun)",
     )
     add("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2)")
-    add(
-        "--sizes",
-        default=DEFAULT_SIZES,
-        help="message sizes in bytes: a list like 1K,1M,64M (K, M, G are binary) "
-        f"or a power-of-two range low-high (default: {DEFAULT_SIZES}, i.e. 4 B to 256 MiB)",
-    )
-    add("--dtype", choices=tuple(DTYPES), default="float32", help="element type (default: float32)")
-    add(
-        "--iters",
-        type=int,
-        help="timed iterations per size (default: enough for ~0.5 s, from the warm-up's median call; 5 to 100000)",
-    )
-    add("--warmup", type=int, help="untimed iterations before each size (default: 64 MiB's worth, 1 to 10)")
-    add(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="where the buffers live (default: cpu); cuda: one GPU per local rank, torch uses nccl",
-    )
-    add("--threads", type=int, help="torch intra-op threads per rank (default: cores ÷ local ranks)")
-    add("--out", default=DEFAULT_OUT, help=f"directory that receives <run-id>/ (default: {DEFAULT_OUT})")
-    add("--run-id", help="name of the run (or --compare) directory (default: time-allreduce-impl-wN-xxxx)")
-    add("--overwrite", action="store_true", help="replace an existing run directory of that --run-id")
-    add(
-        "--timeout",
-        type=float,
-        default=300.0,
-        help="seconds a rank may make no progress before the run fails (default: 300)",
-    )
-    add("--quiet", action="store_true", help="no progress bar (the bar is on rank 0 only)")
-    # Testing only: one rank's reduced buffer is changed before the check, which must catch it.
-    add("--inject-wrong-result", action="store_true", help=argparse.SUPPRESS)
+    config.add_arguments(parser, AllreduceConfig)
 
 
-def options_from(args: argparse.Namespace) -> Options:
-    # Parsed here, not by argparse, so that under a launcher a typo is said once, by rank 0.
-    try:
-        sizes = parse_sizes(args.sizes)
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name != "sizes"}
-    return Options(**{**given, "sizes": sizes})
-
-
-def validate(opts: Options) -> None:
+def validate(opts: AllreduceConfig) -> None:
     """Refuse bad input that needs neither torch nor a process group."""
     width = DTYPES[opts.dtype]
     odd = [s for s in opts.sizes if s % width]
@@ -206,17 +101,19 @@ def check_launcher(impl: str, info: launch.LaunchInfo) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """`distbench allreduce`: one implementation under this launcher, or `--compare`."""
-    from benchmarks.cli import EXIT_BAD_INPUT, _bad_input, _error
+    from benchmarks.run import collectives  # torch only once a sweep runs
 
     if args.compare:
         try:
             names = _compare_names(args)
-            opts = options_from(argparse.Namespace(**{**vars(args), "impl": VARIANTS[names[0]][0]}))
+            opts = config.from_namespace(
+                AllreduceConfig, argparse.Namespace(**{**vars(args), "impl": VARIANTS[names[0]][0]})
+            )
             for name in names:
                 validate(dataclasses.replace(opts, impl=VARIANTS[name][0]))
-            root = training_compare.make_compare_dir(Path(opts.out), opts.run_id or new_id("compare"))
+            root = training_compare.make_compare_dir(Path(opts.out), opts.run_id or collectives.new_id("compare"))
         except InputError as exc:
-            _error(str(exc))
+            error(str(exc))
             return EXIT_BAD_INPUT
         return run_compare(names, opts, args.nproc, root)
 
@@ -224,7 +121,7 @@ def command(args: argparse.Namespace) -> int:
     try:
         if args.impl is None:
             raise InputError("--impl is required (torch, horovod or mpi4py), or give --compare")
-        opts = options_from(args)
+        opts = config.from_namespace(AllreduceConfig, args)
         validate(opts)
         check_launcher(opts.impl, info)
         if opts.run_id and not opts.overwrite and (Path(opts.out) / opts.run_id).exists():
@@ -233,25 +130,18 @@ def command(args: argparse.Namespace) -> int:
                 "choose another --run-id or pass --overwrite"
             )
     except InputError as exc:
-        return _bad_input(info.rank, exc)
-
-    from benchmarks.run import collectives  # imports torch: only past the checks that need none
+        return bad_input(info.rank, exc)
 
     try:
         code = collectives.run(opts, info)
     except InputError as exc:
-        return _bad_input(info.rank, exc)
+        return bad_input(info.rank, exc)
     if "mpi4py.MPI" in sys.modules and code != EXIT_BAD_INPUT:
         from benchmarks.launch import rendezvous
 
         # Every rank is here (a wrong result is agreed on by all of them), so MPI_Finalize waits for no one.
         rendezvous.exit_process(code)
     return code
-
-
-def new_id(what: str) -> str:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{stamp}-allreduce-{what}-{secrets.token_hex(2)}"
 
 
 def _compare_names(args: argparse.Namespace) -> list[str]:
@@ -274,13 +164,11 @@ def impl_column(name: str, device: str) -> str:
 
 def variant_command(name: str, nproc: int) -> list[str]:
     """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` for a --compare variant."""
-    from benchmarks.suite import variants  # compare's launch commands (imported late: being reworked alongside)
-
     launcher, _, controller = VARIANTS[name][1].partition(" --")
-    return variants.launcher_command(variants.Variant(name, VARIANTS[name][0], launcher, controller), nproc)
+    return variants.launcher_command(launch_variants.Variant(name, VARIANTS[name][0], launcher, controller), nproc)
 
 
-def rank_argv(opts: Options) -> list[str]:
+def rank_argv(opts: AllreduceConfig) -> list[str]:
     """The options every variant's ranks get (the same sweep for each)."""
     sizes = ",".join(map(str, opts.sizes))
     argv = ["--sizes", sizes, "--dtype", opts.dtype, "--device", opts.device, "--timeout", str(opts.timeout)]
@@ -290,7 +178,7 @@ def rank_argv(opts: Options) -> list[str]:
     return argv + ["--quiet"] * opts.quiet + ["--inject-wrong-result"] * opts.inject_wrong_result
 
 
-def run_compare(names: list[str], opts: Options, nproc: int, root: Path) -> int:
+def run_compare(names: list[str], opts: AllreduceConfig, nproc: int, root: Path) -> int:
     """Each variant under its launcher into `root`, then the combined CSV, plot and table; 0 if all passed."""
     from benchmarks.run import recorder
 

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import config
-from benchmarks.config import InputError, RunConfig
+from benchmarks import catalog, config, errors
+from benchmarks.config import RunConfig
+from benchmarks.errors import InputError
 from benchmarks.run import workloads
+from benchmarks.run.validate import validate
 from benchmarks.suite import variants
 from benchmarks.suite.variants import Job, jobs_for
 
@@ -108,7 +110,7 @@ def add_preset_defaults(cmp: argparse.ArgumentParser) -> None:
 
 def _run_default_text(name: str, default: Any) -> str:
     if name in ("train_size", "val_size"):
-        sizes = {w: spec.defaults.get(name, "the rest") for w, spec in workloads.REGISTRY.items()}
+        sizes = {w: spec.defaults.get(name, "the rest") for w, spec in catalog.REGISTRY.items()}
         return "the workload's: " + ", ".join(f"{w} {v}" for w, v in sizes.items())
     return "one pass" if default is None else str(default)
 
@@ -317,8 +319,6 @@ def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scali
 def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     """Everything compare checks before it starts a process: the jobs, the compare directory, the scaling mode.
     Raises InputError (one line) on bad input."""
-    from benchmarks import cli
-
     cfg, preset = effective_config(args)
     chosen = variants.parse(args.backends, args.launcher)
     sizes = variants.parse_nproc(args.nproc)
@@ -334,13 +334,13 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
         config.check_values(option)
     knobs = {backend: config.to_argv(option) for backend, option in options.items()}
     jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads)
-    check_jobs(jobs, cli.validate)
+    check_jobs(jobs)
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
     print(describe(cfg, preset, jobs, args.repeats, args.global_batch), file=sys.stderr)
     return jobs, root, STRONG if args.global_batch else WEAK
 
 
-def check_jobs(jobs: list[Job], validate: Any) -> None:
+def check_jobs(jobs: list[Job]) -> None:
     """Every job's options, and its workload at its world size, before any process starts."""
     for job in jobs:
         validate(job.variant.backend, job.cfg)
@@ -356,6 +356,6 @@ def command(args: argparse.Namespace) -> int:
     try:
         jobs, root, scaling = prepare(args)
     except InputError as exc:
-        print(f"distbench: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        errors.error(str(exc))
+        return errors.EXIT_BAD_INPUT
     return compare(jobs, args.repeats, root, scaling, started)

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import config
-from benchmarks.config import InputError
+from benchmarks import config, errors
+from benchmarks.errors import InputError
 from benchmarks.suite import compare, variants
 from benchmarks.suite.variants import Job, Variant
 
@@ -125,8 +125,6 @@ def describe_point(point: dict[str, Any]) -> str:
 
 def command(args: argparse.Namespace) -> int:
     """`distbench tune`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
-    from benchmarks import cli
-
     started = time.perf_counter()
     try:
         cfg, _ = compare.effective_config(args)
@@ -151,13 +149,13 @@ def command(args: argparse.Namespace) -> int:
                 [job] = variants.jobs_for(sweep_cfg, [v], nproc, None, {v.backend: knob_argv(own[v.backend], point)})
                 sweep.append(dataclasses.replace(job, run_prefix=f"{v.slug}-p{i}"))
         finals = variants.jobs_for(cfg, chosen, nproc, None, {b: config.to_argv(o) for b, o in own.items()})
-        compare.check_jobs([*sweep, *finals], cli.validate)
+        compare.check_jobs([*sweep, *finals])
         root = compare.make_compare_dir(
             Path(cfg.out), cfg.run_id or compare.new_compare_id().replace("compare", "tune")
         )
     except InputError as exc:
-        print(f"distbench: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        errors.error(str(exc))
+        return errors.EXIT_BAD_INPUT
     sizes = ", ".join(f"{v.name} {len(points[v.name])} points" for v in chosen)
     print(f"distbench tune: sweep {sizes}, {args.tune_repeats} repeat(s) of {sweep_cfg.steps_per_epoch} steps; "
           f"then default and best with {args.repeats} repeats each; {nproc[0]} ranks", file=sys.stderr)  # fmt: skip

@@ -13,43 +13,15 @@ import dataclasses
 import math
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import backends
 from benchmarks import config, launch
-from benchmarks.config import InputError, RunConfig
+from benchmarks.config import RunConfig
+from benchmarks.errors import InputError
+from benchmarks.launch.variants import BY_NAME, Variant
 
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    backend: str
-    launcher: str
-    controller: str = ""
-    """Horovod's controller, as run.json `knobs.controller` records it; '' for the other backends."""
-    given: str = field(default="", compare=False)
-    """How --backends named it: a bare `ddp` keeps the run directories' old names (ddp-r0)."""
-
-    @property
-    def slug(self) -> str:
-        """The variant in a run directory's name, as it was given: ddp, ddp-mpirun, horovod-gloo."""
-        return (self.given or self.name).replace("@", "-")
-
-    def launch_words(self) -> str:
-        """How the variant starts, for the start-up line: `horovodrun --mpi`."""
-        return f"{self.launcher} --{self.controller}" if self.launcher == launch.HOROVODRUN else self.launcher
-
-
-KNOWN = (
-    Variant("ddp@torchrun", "ddp", launch.TORCHRUN),
-    Variant("ddp@mpirun", "ddp", launch.MPIRUN),
-    Variant("horovod@gloo", "horovod", launch.HOROVODRUN, "gloo"),
-    Variant("horovod@mpi", "horovod", launch.HOROVODRUN, "mpi"),
-    Variant("horovod@mpirun", "horovod", launch.MPIRUN, "mpi"),
-    Variant("single", "single", launch.PYTHON),
-)
-BY_NAME = {v.name: v for v in KNOWN}
 DEFAULT = "ddp@torchrun,horovod@gloo,horovod@mpi"
 DEFAULT_WITH_LAUNCHER = "ddp,horovod"
 """--backends when only --launcher is given: one launcher for both backends, as before variants existed."""
@@ -94,15 +66,6 @@ def parse(text: str | None, launcher: str | None = None) -> list[Variant]:
             raise InputError(f"variant '{full}' is listed twice in --backends; list each once")
         chosen.append(variant)
     return chosen
-
-
-def label(backend: str, launcher: str, controller: str = "") -> str:
-    """The variant a run belongs to, from what its run.json recorded; `backend@launcher` for a launch
-    compare does not make (ddp under srun or horovodrun --mpi, horovod under plain python)."""
-    for v in KNOWN:
-        if (v.backend, v.launcher) == (backend, launcher) and (v.controller or "") == (controller or ""):
-            return v.name
-    return backend if backend == "single" else f"{backend}@{launcher or '?'}"
 
 
 def launcher_command(variant: Variant, nproc: int) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchmarks.run import workloads
+from benchmarks import catalog
 from tests.conftest import BIN, REPO, run_cmd, run_ok
 from tests.unit.test_compare_workload_defaults import BARS
 
@@ -39,7 +39,7 @@ def test_compare_with_a_workload_uses_its_defaults_and_it_learns(tmp_path) -> No
     proc = run_ok([*cmd, "--out", str(tmp_path), "--run-id", "cmp"], timeout=180)
     # The options in effect are printed before anything starts, and they are cnn's.
     head = proc.stderr.split("[compare 1/1]")[0]
-    cnn = workloads.REGISTRY["cnn"].defaults
+    cnn = catalog.REGISTRY["cnn"].defaults
     assert "cnn (the workload's defaults" in head and f"--lr {cnn['lr']}," in head
     config = meta_of(tmp_path / "cmp" / "ddp-r0")["config"]
     assert (config["lr"], config["batch_size"], config["train_size"]) == (cnn["lr"], cnn["batch_size"], 2048)

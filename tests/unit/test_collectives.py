@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks import launch
+from benchmarks import config, launch
 from benchmarks.analysis import collectives as analysis
 from benchmarks.cli import EXIT_BAD_INPUT, main
-from benchmarks.config import InputError
+from benchmarks.errors import InputError
 from benchmarks.run import collective_impls as impls
 from benchmarks.run import collectives as rank_side
 from benchmarks.suite import allreduce
@@ -62,22 +62,22 @@ def test_a_csv_row_takes_the_mean_over_ranks_and_a_wrong_result_claims_nothing()
     ],
 )
 def test_sizes_parse(text: str, sizes: list[int]) -> None:
-    assert allreduce.parse_sizes(text) == sizes
+    assert config.parse_sizes(text) == sizes
 
 
 def test_the_default_sweep_is_4_bytes_to_256_mib_in_powers_of_two() -> None:
-    sizes = allreduce.parse_sizes(allreduce.DEFAULT_SIZES)
+    sizes = config.parse_sizes(config.DEFAULT_SIZES)
     assert sizes == [4 << k for k in range(27)] and sizes[-1] == 256 * MiB
 
 
 @pytest.mark.parametrize("text", ["", ",", "abc", "1.5K", "0", "8-4", "-3", "4-", "1T"])
 def test_bad_sizes_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="--sizes"):
-        allreduce.parse_sizes(text)
+        config.parse_sizes(text)
 
 
 def test_format_size() -> None:
-    assert [allreduce.format_size(s) for s in (4, 1000, 1024, 3 * MiB, 256 * MiB, 1 << 30)] == [
+    assert [config.format_size(s) for s in (4, 1000, 1024, 3 * MiB, 256 * MiB, 1 << 30)] == [
         "4 B", "1000 B", "1 KiB", "3 MiB", "256 MiB", "1 GiB"]  # fmt: skip
 
 
@@ -114,8 +114,8 @@ def test_float16_sums_stay_exact_at_the_largest_world_it_allows() -> None:
     assert expected.astype(np.float64).tolist() == impls.expected_sum(world, np.float64).tolist()
 
 
-def _options(**changes) -> allreduce.Options:
-    return allreduce.Options(**{"impl": "torch", "sizes": [4, 1024], **changes})
+def _options(**changes) -> config.AllreduceConfig:
+    return config.AllreduceConfig(**{"impl": "torch", "sizes": [4, 1024], **changes})
 
 
 @pytest.mark.parametrize(

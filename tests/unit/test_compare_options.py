@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks import cli
-from benchmarks.run import workloads
+from benchmarks import catalog, cli
 from benchmarks.suite import compare
 
 
@@ -22,7 +21,7 @@ def effective(*argv: str):
 def test_a_given_workload_brings_its_own_defaults_not_the_transformer_preset() -> None:
     cfg, preset = effective("--workload", "cnn")
     assert not preset
-    cnn = workloads.REGISTRY["cnn"].defaults
+    cnn = catalog.REGISTRY["cnn"].defaults
     assert (cfg.lr, cfg.batch_size, cfg.train_size, cfg.val_size) == (
         cnn["lr"], cnn["batch_size"], cnn["train_size"], cnn["val_size"]
     )  # fmt: skip
@@ -31,7 +30,7 @@ def test_a_given_workload_brings_its_own_defaults_not_the_transformer_preset() -
 
 def test_no_workload_means_the_preset_and_given_options_still_win() -> None:
     cfg, preset = effective()
-    assert preset and cfg.workload == "transformer" and cfg.lr == workloads.REGISTRY["transformer"].defaults["lr"]
+    assert preset and cfg.workload == "transformer" and cfg.lr == catalog.REGISTRY["transformer"].defaults["lr"]
     assert (cfg.epochs, cfg.steps_per_epoch, cfg.train_size) == (1, 85, 4096)
     cfg, preset = effective("--epochs", "2", "--lr", "0.1", "--train-size", "2048")
     assert preset and (cfg.epochs, cfg.lr, cfg.train_size, cfg.steps_per_epoch) == (2, 0.1, 2048, 85)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import catalog
 from benchmarks.run import sharding, workloads
 
 
@@ -32,7 +33,7 @@ def test_union_of_rank_batches_is_the_single_process_batch() -> None:
 
 
 def test_workloads_are_deterministic_by_index() -> None:
-    for name in workloads.REGISTRY:
+    for name in catalog.REGISTRY:
         a = workloads.load(name, seed=1, train_size=64, val_size=32)
         b = workloads.load(name, seed=1, train_size=64, val_size=32)
         assert all((x == y).all() for x, y in zip(a.train + a.val, b.train + b.val, strict=True))

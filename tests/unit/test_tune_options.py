@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import cli
-from benchmarks.config import InputError
+from benchmarks.errors import InputError
 from benchmarks.suite import tune
 from tests.conftest import REPO
 

@@ -7,7 +7,8 @@ import pytest
 
 import backends
 from benchmarks import cli, launch
-from benchmarks.config import InputError
+from benchmarks.errors import InputError
+from benchmarks.launch import variants as launch_variants
 from benchmarks.suite import compare, variants
 
 
@@ -59,7 +60,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsy
 def test_a_bad_variant_lists_every_valid_one(capsys) -> None:
     assert cli.main(["compare", "--backends", "nope"]) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err
-    assert all(name in err for name in variants.BY_NAME)
+    assert all(name in err for name in launch_variants.BY_NAME)
 
 
 def test_strong_scaling_arithmetic() -> None:
@@ -100,15 +101,15 @@ def test_jobs_interleave_world_sizes_and_give_single_the_global_batch() -> None:
     ],
 )
 def test_each_variant_starts_under_its_launcher(variant: str, words: list[str]) -> None:
-    cmd = variants.launcher_command(variants.BY_NAME[variant], 4)
+    cmd = variants.launcher_command(launch_variants.BY_NAME[variant], 4)
     assert cmd[0].endswith(words[0]) and all(w in cmd for w in words[1:]), cmd
 
 
 def test_run_json_maps_back_to_its_variant() -> None:
-    for v in variants.KNOWN:
-        assert variants.label(v.backend, v.launcher, v.controller) == v.name
-    assert variants.label("ddp", "srun") == "ddp@srun"  # a launch compare does not make keeps its launcher
-    assert variants.label("ddp", "horovodrun") == "ddp@horovodrun"
+    for v in launch_variants.KNOWN:
+        assert launch_variants.label(v.backend, v.launcher, v.controller) == v.name
+    assert launch_variants.label("ddp", "srun") == "ddp@srun"  # a launch compare does not make keeps its launcher
+    assert launch_variants.label("ddp", "horovodrun") == "ddp@horovodrun"
 
 
 OMPI = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}

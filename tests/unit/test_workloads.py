@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from backends.single import SingleBackend
+from benchmarks import catalog
 from benchmarks.config import NoOptions, RunConfig
 from benchmarks.launch import PYTHON, LaunchInfo
 from benchmarks.run import data, sharding, workloads
@@ -61,15 +62,15 @@ def train(cfg: RunConfig, out: Path) -> pd.DataFrame:
 
 
 def test_size_arguments_and_presets_resolve() -> None:
-    parsed = workloads.parse("transformer:dim=256,layers=2,heads=8")
+    parsed = catalog.parse("transformer:dim=256,layers=2,heads=8")
     assert parsed.kind == "builtin" and parsed.base == "transformer"
     assert parsed.args == {"vocab": 512, "context": 32, "dim": 256, "layers": 2, "heads": 8, "tied": 0,
                            "storage": "memory"}  # fmt: skip
-    preset = workloads.parse("gpt2-small:context=64")
+    preset = catalog.parse("gpt2-small:context=64")
     assert preset.base == "transformer" and preset.args["dim"] == 768 and preset.args["context"] == 64
-    assert workloads.defaults_for("gpt2-small")["batch_size"] == 4
-    assert workloads.defaults_for("cnn:width=8") == workloads.defaults_for("cnn")
-    assert workloads.parse("mymodule:factory").kind == "custom"
+    assert catalog.defaults_for("gpt2-small")["batch_size"] == 4
+    assert catalog.defaults_for("cnn:width=8") == catalog.defaults_for("cnn")
+    assert catalog.parse("mymodule:factory").kind == "custom"
 
 
 @pytest.mark.parametrize(
@@ -87,26 +88,26 @@ def test_size_arguments_and_presets_resolve() -> None:
 )
 def test_bad_size_arguments_name_the_fix(name: str, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        workloads.parse(name)
+        catalog.parse(name)
 
 
 def test_hf_without_transformers_names_the_extra(monkeypatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "transformers" else real(n, *a))
     with pytest.raises(ValueError, match=r"needs transformers: pip install -e '\.\[hf\]'"):
-        workloads.parse("hf:gpt2")
+        catalog.parse("hf:gpt2")
 
 
 def test_parsing_a_bad_name_imports_no_torch() -> None:
-    code = ("import sys\nfrom benchmarks.run import workloads\n"
-            "try:\n    workloads.parse('transformer:heads=5')\nexcept ValueError:\n    pass\n"
-            "workloads.parse('gpt2-small')\nprint('torch' in sys.modules)")  # fmt: skip
+    code = ("import sys\nfrom benchmarks import catalog\nfrom benchmarks.run import workloads  # noqa: F401\n"
+            "try:\n    catalog.parse('transformer:heads=5')\nexcept ValueError:\n    pass\n"
+            "catalog.parse('gpt2-small')\nprint('torch' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def _parameters(name: str) -> int:
-    parsed = workloads.parse(name)
+    parsed = catalog.parse(name)
     model_fn = {"transformer": builtin.TinyGPT, "cnn": builtin.resnet}[parsed.base]
     args = {k: v for k, v in parsed.args.items() if k != "storage"}
     with torch.device("meta"):  # no memory, no time: only the shapes
@@ -119,7 +120,7 @@ def test_presets_have_the_documented_sizes() -> None:
     assert _parameters("gpt2-small") == 123_751_680  # GPT-2 small's 124,439,808 less 896 positions
     assert _parameters("cnn-25m") == 25_129_066
     assert _parameters("transformer") == 2 * 512 * 128 + 32 * 128 + 4 * 198_272 + 256  # the default is unchanged
-    for name, preset in workloads.PRESETS.items():
+    for name, preset in catalog.PRESETS.items():
         assert f"{_parameters(name):,} parameters" in preset.summary
         assert f"{4 * _parameters(name) / 1e6:.1f} MB of gradients" in preset.summary
 
@@ -218,7 +219,7 @@ class Pairs(Dataset):
 
 
 def test_a_dataset_of_non_pairs_is_refused() -> None:
-    from benchmarks.config import InputError
+    from benchmarks.errors import InputError
     from benchmarks.run.harness import check_workload
 
     good = workloads.load("linear", 0, 64, 8)

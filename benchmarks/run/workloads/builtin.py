@@ -1,5 +1,5 @@
 """The built-in workloads' models and data (their defaults, sizes included, are declared once in
-`workloads/__init__.py`'s REGISTRY; a size left at None here means that default).
+`benchmarks/catalog.py`'s REGISTRY; a size left at None here means that default).
 
 Sample i is the same on every rank, backend and world size for a given seed, because each set is
 generated whole from a generator seeded only by `seed`.
@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.run.workloads import REGISTRY, Workload
+from benchmarks.catalog import REGISTRY
+from benchmarks.run.workloads import Workload
 
 
 def _generator(seed: int, salt: int) -> torch.Generator:

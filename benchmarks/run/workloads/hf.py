@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.run.workloads import HF_DEFAULTS, Workload
+from benchmarks.catalog import HF_DEFAULTS
+from benchmarks.run.workloads import Workload
 from benchmarks.run.workloads.builtin import token_correct, token_loss
 
 DEFAULT_CONTEXT = 128
