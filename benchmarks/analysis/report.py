@@ -1,22 +1,51 @@
-"""Write a report: the PNG figures and report.md / a self-contained report.html around them.
+"""Write a report: decision.json, the PNG figures, and report.md / a self-contained report.html.
 
-It opens with what was compared (`context`), then the summary table with its warnings and verdicts,
-then the tables behind it and the plots.
+Both pages come from Jinja2 templates (templates/) in one order: the decision first, then the plots,
+the Why sentences, the terminal summary, and the tables, long ones folded. The returned text is what
+`compare` and `report` print: the decision's words first, then the summary tables.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import jinja2
+import numpy as np
 import pandas as pd
 
-from benchmarks.analysis import collectives, context, figures, load, tables, why
+from benchmarks.analysis import collectives, context, decision, figures, load, tables, why
 from benchmarks.analysis.load import RunSet
 
 __all__ = ["RunSet", "write"]
+
+
+FOLD_ROWS = 8
+"""Tables longer than this are folded (`<details>`) in report.html; the per-run table always is."""
+ALWAYS_FOLDED = ("Per run",)
+PATH_COLUMNS = ("run_key", "path")
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("benchmarks.analysis", "templates"),
+    autoescape=jinja2.select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
+
+
+@dataclass
+class Page:
+    """What one report shows, in its order; the templates lay it out."""
+
+    headline: str = ""
+    decision: dict[str, Any] | None = None
+    images: list[Path] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
+    summary: str = ""
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def write(
@@ -25,10 +54,13 @@ def write(
     formats: set[str],
     include_failed: bool = False,
     extra: dict[str, pd.DataFrame] | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> str:
-    """Write PNGs and report.md/report.html into `out`; return what was compared and the summary table.
-    `extra` adds tables of the caller's own at the end (tune's default vs tuned). Paths holding only
-    `distbench allreduce` runs give a report of those alone."""
+    """Write decision.json, PNGs and report.md/report.html into `out`; return the decision in words and the
+    summary tables. `extra` adds tables of the caller's own at the end (tune's default vs tuned); `plan`
+    is what the caller knows of the decision (precision, pilot repeats, knobs, the command to rerun: the
+    keyword arguments of `decision.decide`). Paths holding only `distbench allreduce` runs give a report of
+    those alone."""
     if not any(not load.is_allreduce_dir(d) for d in load.find_run_dirs(*paths)):
         allreduce = collectives.report_section(paths, out)
         if allreduce is not None:
@@ -36,7 +68,7 @@ def write(
                         "Allreduce: bus bandwidth (GB/s)": allreduce.busbw,
                         "Allreduce: time per allreduce (µs)": allreduce.time_us}  # fmt: skip
             text = "\n".join([allreduce.text, *allreduce.notes])
-            _write_files(sections, ("Allreduce runs", text), allreduce.figures, out, formats)
+            _write_files(Page(summary=text, images=allreduce.figures, tables=sections), out, formats)
             return text
     rs = load.load_runs(*paths, include_failed=include_failed)
     for line in rs.skipped:
@@ -44,7 +76,7 @@ def write(
     out.mkdir(parents=True, exist_ok=True)
     per_run = tables.per_run_stats(rs)  # left-out runs included, so a failed backend shows as FAILED
     table = tables.backend_table(per_run)
-    summary = context.headline(rs, per_run) + "\n" + tables.format_table(table, tables.loss_agreement(rs))
+    summary = tables.format_table(table, tables.loss_agreement(rs))
     scale = tables.scaling(per_run)
     if len(scale):
         summary += "\n\n" + tables.format_scaling(scale)
@@ -58,14 +90,15 @@ def write(
     ]
     if len(scale):  # some variant at two or more world sizes: a curve, never a lone point
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
-    explained = why.section(rs, per_run, paths, out)
-    images = [image for image in [*images, *explained.images] if image is not None]
+    breakdown = why.per_run(rs)
+    explained = why.section(rs, per_run, paths, out, breakdown)
+    decided = decision.decide(per_run, breakdown, scale, **(plan or {}))
+    decision.write(out, decided)
     sections = {
+        "Per backend": table,
         "What was compared": context.setup_table(rs, per_run),
         "Backends: launch, threads, versions": context.backend_facts(rs),
         "Knobs and options that differ between the backends": context.differing_options(rs),
-        "Per backend": table,
-        "Per run": per_run,
     }
     if len(scale):
         sections[
@@ -73,36 +106,61 @@ def write(
         ] = scale
     sections.update(explained.tables)
     sections.update(extra or {})
+    sections["Per run"] = per_run
     pooled = context.pooled_settings(rs)
     if pooled:
         summary += "\n" + "\n".join(pooled)
+    page = Page(
+        headline=context.headline(rs, per_run),
+        decision=decided,
+        images=[image for image in [*images, *explained.images] if image is not None],
+        why=explained.sentences,
+        summary=summary,
+        tables=sections,
+    )
+    _write_files(page, out, formats)
+    said = [*decision.words(decided), "", page.headline, summary]
     if explained.sentences:
-        summary += "\n\nWhy:\n" + "\n".join(f"- {line}" for line in explained.sentences)
-    _write_files(sections, ("Knobs", summary), images, out, formats)
-    return summary
+        said += ["", "Why:", *(f"- {line}" for line in explained.sentences)]
+    return "\n".join(said)
 
 
-def _write_files(
-    sections: dict[str, pd.DataFrame], summary: tuple[str, str], images: list[Path], out: Path, formats: set[str]
-) -> None:
-    """report.md and/or report.html: the tables in order, the summary text after the section whose title
-    starts with summary[0], then the images."""
-    after, text = summary
+def _cell(column: str, value: Any) -> dict[str, Any]:
+    """A table cell for reading: numbers rounded and right-aligned, a run's directory by its name."""
+    if isinstance(value, (bool, np.bool_)) or value is None or (isinstance(value, float) and np.isnan(value)):
+        return {"text": "" if value is None or value != value else str(value), "num": False}
+    if isinstance(value, (int, np.integer)):
+        return {"text": str(value), "num": True}
+    if isinstance(value, (float, np.floating)):
+        return {"text": f"{value:.4g}", "num": True}
+    text = str(value)
+    if column in PATH_COLUMNS and "/" in text:
+        text = Path(text).name
+    return {"text": text, "num": False}
+
+
+def _html_table(title: str, frame: pd.DataFrame) -> dict[str, Any]:
+    rows = [
+        [_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)] for row in frame.itertuples(index=False)
+    ]
+    folded = title.startswith(ALWAYS_FOLDED) or len(frame) > FOLD_ROWS
+    return {"title": title, "columns": [str(c) for c in frame.columns], "rows": rows, "folded": folded}
+
+
+def _write_files(page: Page, out: Path, formats: set[str]) -> None:
+    """report.md and/or report.html from the templates, in the page's order."""
+    out.mkdir(parents=True, exist_ok=True)
+    decisions = decision.paragraphs(page.decision) if page.decision else []
+    for d in decisions:
+        d["status_class"] = d["status"] if d["status"] in ("unresolved", "none") else "resolved"
+    common = {"headline": page.headline, "decisions": decisions, "why": page.why, "summary": page.summary}
     if "md" in formats:
-        md = ["# distbench report", ""]
-        for title, frame in sections.items():
-            md += [f"## {title}", "", tables.markdown_table(frame), ""]
-            if title.startswith(after):
-                md += ["## Summary", "", "```", text, "```", ""]
-        md += [f"![{p.stem}]({p.name})" for p in images]
-        (out / "report.md").write_text("\n".join(md) + "\n")
+        md_tables = [{"title": t, "markdown": tables.markdown_table(f)} for t, f in page.tables.items()]
+        images = [{"name": p.stem, "file": p.name} for p in page.images]
+        text = TEMPLATES.get_template("report.md.j2").render(**common, images=images, tables=md_tables)
+        (out / "report.md").write_text(text)
     if "html" in formats:
-        parts = ["<!doctype html><meta charset='utf-8'><title>distbench report</title>", "<h1>distbench report</h1>"]
-        for title, frame in sections.items():
-            parts += [f"<h2>{html.escape(title)}</h2>", frame.to_html(index=False, float_format="%.4g", na_rep="")]
-            if title.startswith(after):
-                parts += ["<h2>Summary</h2>", f"<pre>{html.escape(text)}</pre>"]
-        for p in images:
-            data = base64.b64encode(p.read_bytes()).decode()
-            parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")
-        (out / "report.html").write_text("\n".join(parts) + "\n")
+        images = [{"name": p.stem, "data": base64.b64encode(p.read_bytes()).decode()} for p in page.images]
+        html_tables = [_html_table(t, f) for t, f in page.tables.items()]
+        text = TEMPLATES.get_template("report.html.j2").render(**common, images=images, tables=html_tables)
+        (out / "report.html").write_text(text)

@@ -130,8 +130,21 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None) -> list[str]:
-    """One plain sentence per variant against the first variant of its setup."""
+def _difference(runs: pd.DataFrame | None, row: Any, base: Any, part: str) -> tuple[float, float, float, int]:
+    """`part`'s mean difference (row − base) over the setup's runs, its Welch interval and the fewest runs."""
+    if runs is None or not len(runs):
+        return np.nan, np.nan, np.nan, 0
+    here = runs
+    for key in SETUP:
+        here = here[here[key] == getattr(row, key)]
+    a, b = here[here.variant == row.variant][part].dropna(), here[here.variant == base.variant][part].dropna()
+    return (*stats.diff_ci(a, b), min(len(a), len(b)))
+
+
+def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.DataFrame | None = None) -> list[str]:
+    """One plain sentence per variant against the first variant of its setup. It gives the numbers, and
+    names a cause only when that quantity's 95 % interval over `runs` (this module's `per_run`, at least
+    stats.MIN_RUNS runs of each variant) excludes zero; otherwise it says the cause is not resolved."""
     said = []
     for _, group in table.groupby(list(SETUP), sort=False):
         base = group.iloc[0]
@@ -147,25 +160,45 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None) -> list[str]:
                 f"communication and overhead {row.raw_exposed_comm_ms:.1f} vs {base.raw_exposed_comm_ms:.1f} ms "
                 f"({row.exposed_share} vs {base.exposed_share} of the step)"
             )
-            slower = row.raw_compute_ms - base.raw_compute_ms
-            if slower > 0.2 * base.raw_compute_ms:  # well beyond run-to-run noise of a median step
-                text += (
-                    f"; the same compute takes {slower:.1f} ms longer under {row.variant}: its own threads (e.g. "
-                    "Horovod's background thread) share the cores during compute"
-                )
+            compute = _difference(runs, row, base, "compute_ms")
+            exposed = _difference(runs, row, base, "exposed_comm_ms")
+            fewest = min(compute[3], exposed[3])
+            unresolved = []
+            if fewest >= stats.MIN_RUNS:
+                for name, (diff, lo, hi, _) in (("compute", compute), ("exposed communication", exposed)):
+                    if not stats.excludes_zero(lo, hi):
+                        unresolved.append(f"{name} {diff:+.1f} ms ({lo:+.1f} to {hi:+.1f})")
+                # Slower compute is named only when resolved and well beyond a median step's noise.
+                diff, lo, hi, _ = compute
+                if stats.excludes_zero(lo, hi) and diff > 0.2 * base.raw_compute_ms:
+                    text += (
+                        f"; the same compute takes {diff:.1f} ms longer under {row.variant} ({lo:.1f} to {hi:.1f} ms): "
+                        "its own threads (e.g. Horovod's background thread) share the cores during compute"
+                    )
+                diff, lo, hi, _ = exposed
+                if stats.excludes_zero(lo, hi):
+                    more = "more" if diff > 0 else "less"
+                    text += (f"; {row.variant} leaves {abs(diff):.1f} ms {more} communication exposed per step "
+                             f"({lo:+.1f} to {hi:+.1f} ms)")  # fmt: skip
             if row.allreduce_alone_ms == row.allreduce_alone_ms and base.allreduce_alone_ms == base.allreduce_alone_ms:
                 text += (
                     f". Alone, its {row.gradient_mb:.2g} MB gradient allreduce takes {row.allreduce_alone_ms:.1f} ms "
                     f"with {row.raw_impl} vs {base.allreduce_alone_ms:.1f} ms with {base.raw_impl}; "
-                    f"{row.variant} hides {row.hidden_share} of it behind compute, {base.variant} {base.hidden_share}"
+                    f"hidden behind compute: {row.variant} {row.hidden_share}, {base.variant} {base.hidden_share}"
                 )
                 beyond = [f"{r.variant} {r.raw_exposed_comm_ms - r.allreduce_alone_ms:.1f} ms" for r in (row, base)
                           if r.raw_exposed_comm_ms > r.allreduce_alone_ms]  # fmt: skip
                 if beyond:
-                    text += f"; exposed time beyond the allreduce alone (framework overhead): {', '.join(beyond)}"
+                    overhead = " (framework overhead)" if fewest >= stats.MIN_RUNS else ""
+                    text += f"; exposed time beyond the allreduce alone{overhead}: {', '.join(beyond)}"
             else:
                 text += (f"; no `distbench allreduce` results for {row.world_size} ranks ({row.raw_dtype}) among the "
                          "report's paths to say what the allreduce costs alone")  # fmt: skip
+            if fewest < stats.MIN_RUNS:
+                text += (f"; from {fewest} run{'s' * (fewest != 1)} of each: numbers only, no cause named "
+                         f"(use --repeats {stats.MIN_RUNS} or more)")  # fmt: skip
+            elif unresolved:
+                text += f"; not resolved from {fewest} runs: {', '.join(unresolved)}"
             said.append(text + f" (means of {row.runs} and {base.runs} runs; intervals in the table).")
     return said
 
@@ -223,9 +256,12 @@ def traces(runs: pd.DataFrame, out: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def section(rs: RunSet, per_run_stats: pd.DataFrame, paths: list[str | Path], out: Path) -> Section:
-    """Tables, plain sentences and figures that say why one variant is faster than another."""
-    runs = per_run(rs)
+def section(
+    rs: RunSet, per_run_stats: pd.DataFrame, paths: list[str | Path], out: Path, runs: pd.DataFrame | None = None
+) -> Section:
+    """Tables, plain sentences and figures that say why one variant is faster than another (`runs`: this
+    module's `per_run(rs)`, when the caller has it already)."""
+    runs = per_run(rs) if runs is None else runs
     found = Section()
     allreduce = None
     try:
@@ -249,7 +285,7 @@ def section(rs: RunSet, per_run_stats: pd.DataFrame, paths: list[str | Path], ou
     traced = traces(runs, out)
     if len(traced):
         found.tables["Traces (open in chrome://tracing or ui.perfetto.dev)"] = traced
-    found.sentences = sentences(table, allreduce)
+    found.sentences = sentences(table, allreduce, runs)
     image = figure(table, out / "why_breakdown.png")
     found.images = [image, *found.images] if image is not None else found.images
     return found

@@ -37,14 +37,26 @@ def test_equal_validation_needs_no_explanation(tmp_path) -> None:
     assert (agreement.train, agreement.val, agreement.explanation) == (0.0, 0.0, "")
 
 
-def test_report_opens_with_what_was_compared(tmp_path) -> None:
+def test_report_opens_with_the_decision_then_what_was_compared(tmp_path) -> None:
     make_run(tmp_path / "c", "ddp-r0", "ddp", ONE_RANK, wall=1.0, meta=DDP)
     make_run(tmp_path / "c", "horovod-r0", "horovod", ONE_RANK, wall=1.0, meta=HOROVOD)
     summary = report.write([tmp_path / "c"], tmp_path / "out", {"md", "html"})
-    assert summary.startswith("compared: synthetic (1234 parameters), global batch 10 (10 per rank × accumulate 1)")
+    assert summary.startswith("Decision (unresolved): synthetic, global batch 10, 1 ranks: pick ")
+    compared = "compared: synthetic (1234 parameters), global batch 10 (10 per rank × accumulate 1)"
+    assert summary.index(compared) < summary.index("backend ")  # then what was compared, then the table
     md = (tmp_path / "out" / "report.md").read_text()
-    assert md.index("## What was compared") < md.index("## Summary") < md.index("## Per backend")
-    knobs = md[md.index("## Knobs and options") : md.index("## Summary")]
+    order = (
+        "## Decision",
+        "## Summary",
+        "## Per backend",
+        "## What was compared",
+        "## Backends",
+        "## Knobs",
+        "## Per run",
+    )
+    assert [md.index(title) for title in order] == sorted(md.index(title) for title in order)
+    assert (tmp_path / "out" / "decision.json").is_file()
+    knobs = md[md.index("## Knobs and options") : md.index("## Per run")]
     for line in ("| knob broadcast-buffers | True | False |", "| knob bucket-cap-mb | 25 | — |",
                  "| knob fusion-threshold-mb | — | 128 |"):  # fmt: skip
         assert line in knobs
