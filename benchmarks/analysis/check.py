@@ -4,7 +4,7 @@ Checks: run.json parses, has a known `schema_version`, the required keys and a s
 `running` by a dead process is reported); every CSV has the contract's header, whole lines (a
 truncated last line is caught), values of the right type, no duplicate (rank, epoch, step), steps in
 order per rank; and for a completed run, `summary.csv` has one row whose throughput is recomputable
-from the timing rows.
+from the timing rows, and (schema 3) whose memory columns are ranges of MiB.
 """
 
 from __future__ import annotations
@@ -114,10 +114,10 @@ def summary_problems(
     if len(summary) != 1:
         return [Problem(path, None, f"{len(summary)} rows; expected exactly one")]
     row = summary.iloc[0]
+    problems = memory_problems(path, row) if schema >= 3 else []
     if timing is None or not pd.notna(row["samples_per_s"]):
-        return []
+        return problems
     timed = timing[timing["warmup"].astype(str) == "False"]
-    problems = []
     if row["timed_steps"] != timed["step"].nunique():
         problems.append(
             Problem(path, 2, f"timed_steps {row['timed_steps']} but timing.csv has {timed['step'].nunique()}")
@@ -133,6 +133,21 @@ def summary_problems(
     if "compute_s" in row and pd.notna(row["compute_s"]):
         if not np.isclose(row["step_p50_s"] - row["compute_s"], row["exposed_comm_s"], rtol=1e-6, atol=1e-12):
             problems.append(Problem(path, 2, "exposed_comm_s is not step_p50_s − compute_s"))
+    return problems
+
+
+def memory_problems(path: Path, row: pd.Series) -> list[Problem]:
+    """Schema 3's memory columns: each measure's smallest rank ≤ its largest, both empty or both MiB (≥ 0,
+    but for `training_rss`, a difference of two readings)."""
+    problems = []
+    for measure in results.MEMORY_MEASURES:
+        low, high = (pd.to_numeric(pd.Series([row[f"{measure}_{end}"]]), errors="coerce")[0] for end in ("min", "max"))
+        negative = measure != "training_rss_mb" and low < 0
+        if pd.isna(low) != pd.isna(high) or negative or low > high:
+            problems.append(Problem(path, 2, f"{measure}_min {low} and _max {high} are not a range of MiB"))
+    sources = (results.PEAK_FROM_MODEL_BUILD, results.PEAK_FROM_PROCESS_START)
+    if pd.notna(row["peak_rss_from"]) and row["peak_rss_from"] not in sources:
+        problems.append(Problem(path, 2, f"peak_rss_from {row['peak_rss_from']!r} is not one of {', '.join(sources)}"))
     return problems
 
 

@@ -37,6 +37,8 @@ NUMERIC = {
     results.LOSS_CSV: ("world_size", "epoch", "step", "loss", "accuracy", "samples"),
 }
 CONFIG_SKIPPED = ("out", "run_id", "quiet")  # where a run was written says nothing about what it measured
+MEMORY_COLUMNS = results.MEMORY_COLUMNS
+"""summary.csv's memory columns (schema 3), copied onto each run's row; NaN for older runs."""
 
 
 class SchemaError(ValueError):
@@ -93,6 +95,12 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     row["path"] = str(run_dir)
     row["variant"] = run_variant(meta)
     return row
+
+
+def memory_row(summary: pd.DataFrame | None) -> dict[str, Any]:
+    """A run's memory columns from its summary.csv: NaN when it has none (schema 1 and 2, no summary)."""
+    known = summary is not None and len(summary) == 1
+    return {c: summary[c].iloc[0] if known and c in summary else np.nan for c in MEMORY_COLUMNS}
 
 
 def run_variant(meta: dict[str, Any]) -> str:
@@ -155,7 +163,7 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
             meta.update(status="failed", error=meta.get("error") or DIED)
         frames = check.read_frames(run_dir)
         problems += check.check_frames(run_dir, meta, frames)
-        row = run_row(run_dir, meta)
+        row = {**run_row(run_dir, meta), **memory_row(frames[results.SUMMARY_CSV][0])}
         if not include_failed and (meta["status"] != "completed" or problems):
             if meta.get("error") == DIED:
                 why = DIED

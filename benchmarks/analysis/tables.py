@@ -13,7 +13,7 @@ import pandas as pd
 from backends import ONE_PROCESS
 from benchmarks.analysis import stats
 from benchmarks.analysis.agreement import Agreement, loss_agreement, setup_words
-from benchmarks.analysis.load import RunSet
+from benchmarks.analysis.load import MEMORY_COLUMNS, RunSet
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
@@ -114,6 +114,7 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
             "step_p50_s": q.loc[key, 0.5] if has_q else np.nan, "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
             "step_p95_s": q.loc[key, 0.95] if has_q else np.nan, "step_p99_s": q.loc[key, 0.99] if has_q else np.nan,
             "rank_skew": skew.get(key, np.nan), **final.get(key, NO_LOSS),
+            **{c: run.get(c, np.nan) for c in MEMORY_COLUMNS},
             "warning": run_warning(n_steps, wall if wall is not None else np.nan), "error": run.get("error"),
         })  # fmt: skip
     for run in rs.left_out.to_dict("records"):

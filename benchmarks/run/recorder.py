@@ -23,8 +23,8 @@ import numpy as np
 
 from benchmarks.run import guard
 
-SCHEMA_VERSION = 2
-KNOWN_SCHEMAS = frozenset({1, 2})
+SCHEMA_VERSION = 3
+KNOWN_SCHEMAS = frozenset({1, 2, 3})
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
 FINISH_LOCK_WAIT_S = 5.0
 
@@ -33,13 +33,29 @@ TIMING_COLUMNS = (
     "samples", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s",
 )  # fmt: skip
 LOSS_COLUMNS = ("run_id", "backend", "world_size", "epoch", "step", "split", "loss", "accuracy", "samples")
+MEMORY_MEASURES = ("peak_rss_mb", "training_rss_mb", "rss_before_model_mb", "cuda_max_allocated_mb",
+                   "cuda_max_reserved_mb")  # fmt: skip
+"""Each rank's numbers (benchmarks.run.memory, MiB); summary.csv has each one's smallest and largest rank."""
+MEMORY_COLUMNS = (
+    "peak_rss_mb_min", "peak_rss_mb_max", "training_rss_mb_min", "training_rss_mb_max",
+    "rss_before_model_mb_min", "rss_before_model_mb_max", "peak_rss_from",
+    "cuda_max_allocated_mb_min", "cuda_max_allocated_mb_max", "cuda_max_reserved_mb_min", "cuda_max_reserved_mb_max",
+)  # fmt: skip
+PEAK_FROM_MODEL_BUILD, PEAK_FROM_PROCESS_START = "model_build", "process_start"
+"""`peak_rss_from`'s values: the RSS high-water mark was reset just before the model was built, or could not
+be and is the process's lifetime peak."""
 SUMMARY_COLUMNS = (
     "run_id", "backend", "world_size", "workload", "global_batch", "timed_steps", "samples_per_s",
     "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
-    "final_val_accuracy", "wall_s", "compute_s", "exposed_comm_s", "exposed_comm_share",
+    "final_val_accuracy", "wall_s", "compute_s", "exposed_comm_s", "exposed_comm_share", *MEMORY_COLUMNS,
 )  # fmt: skip
-SUMMARY_COLUMNS_OF = {1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("compute_s")], 2: SUMMARY_COLUMNS}
-"""summary.csv's header by run.json schema_version: version 2 added the step breakdown at the end."""
+SUMMARY_COLUMNS_OF = {
+    1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("compute_s")],
+    2: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index(MEMORY_COLUMNS[0])],
+    3: SUMMARY_COLUMNS,
+}
+"""summary.csv's header by run.json schema_version: version 2 added the step breakdown at the end,
+version 3 the memory columns."""
 
 
 class ResultsWriteError(OSError):
@@ -117,13 +133,18 @@ class Recorder:
         for row in rows:
             self._last[row["split"]] = row
 
+    def memory(self, per_rank: Sequence[dict[str, Any]]) -> None:
+        """Every rank's memory reading (benchmarks.run.memory), in rank order: run.json `memory`."""
+        self.meta["memory"] = {"unit": "MiB", "per_rank": [{"rank": r, **m} for r, m in enumerate(per_rank)]}
+
     def summary(self, timed_wall_s: float, compute_step_s: Sequence[float] = ()) -> dict[str, Any]:
         """Write summary.csv from everything recorded so far; a step's time is its slowest rank's.
 
         `compute_step_s`: the slowest rank's time of each compute-baseline step (none when it was off).
         """
         slowest = list(self._slowest.values())
-        row = summary_row(self.meta, slowest, self._timed_samples, self._last, timed_wall_s, compute_step_s)
+        memory = self.meta.get("memory", {}).get("per_rank", [])
+        row = summary_row(self.meta, slowest, self._timed_samples, self._last, timed_wall_s, compute_step_s, memory)
         self._append(SUMMARY_CSV, SUMMARY_COLUMNS, [row], header=True)
         return row
 
@@ -166,8 +187,10 @@ def summary_row(
     last: dict[str, dict[str, Any]],
     timed_wall_s: float,
     compute_step_s: Sequence[float] = (),
+    memory: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """summary.csv's row from the slowest rank's time of each timed step and the last train/val rows.
+    """summary.csv's row from the slowest rank's time of each timed step, the last train/val rows and
+    each rank's memory reading (empty columns without one; the CUDA ones are empty on CPU).
 
     The breakdown, in medians (a few slow steps among ten baseline steps would move a mean far):
     `compute_s`, the median compute-baseline step (the same work with no gradient communication), and
@@ -201,4 +224,18 @@ def summary_row(
         "compute_s": compute,
         "exposed_comm_s": exposed,
         "exposed_comm_share": exposed / step if exposed is not None and step else None,
+        **memory_range(memory),
     }
+
+
+def memory_range(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """summary.csv's memory columns: each measure's smallest and largest rank, and `peak_rss_from`
+    (`process_start` if any rank's peak could not be reset, since that peak may predate the model)."""
+    row: dict[str, Any] = {}
+    for measure in MEMORY_MEASURES:
+        values = [m[measure] for m in per_rank if m.get(measure) is not None]
+        row[f"{measure}_min"], row[f"{measure}_max"] = (min(values), max(values)) if values else (None, None)
+    sources = {m.get("peak_rss_from") for m in per_rank} - {None}
+    lifetime = PEAK_FROM_PROCESS_START in sources
+    row["peak_rss_from"] = PEAK_FROM_PROCESS_START if lifetime else next(iter(sources), None)
+    return {c: row[c] for c in MEMORY_COLUMNS}

@@ -14,7 +14,7 @@ from torch import nn
 
 from backends.base import Backend
 from benchmarks.config import RunConfig
-from benchmarks.run import data, faults, guard, progress, sharding, workloads
+from benchmarks.run import data, faults, guard, memory, progress, sharding, workloads
 from benchmarks.run import recorder as results
 
 VALIDATION_BUFFERS = "mean over ranks of floating-point buffers before each validation; training continues with it"
@@ -89,6 +89,7 @@ class Trainer:
         self.fault, self.watchdog = fault, watchdog
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
+        self.memory = memory.Meter(self.device)  # before the model: training's own share is peak − this
         self.raw_model = workload.build_model().to(self.device)
         optimizer = make_optimizer(self.raw_model, cfg, workload)
         self.optimizer_meta = describe_optimizer(optimizer)
@@ -321,6 +322,9 @@ class Trainer:
             if self.recorder is not None:
                 self.recorder.loss([val])
         self.progress.close()
+        peaks = self.backend.all_gather_object(self.memory.read())  # training is over: off the timed path
+        if self.recorder is not None:
+            self.recorder.memory(peaks)
         self.compute_step_s = self.compute_baseline(plan)
         if cfg.trace:
             directory = self.recorder.run_dir / "trace" if self.recorder is not None else None
