@@ -3,7 +3,8 @@
 What is checked, per fenced block (the marker is an HTML comment on the line right before a block):
 
 - ```python, no marker: executed as written, in a fresh namespace, with the repository root as the
-  working directory (examples that read results read the committed results/reference/).
+  working directory (examples that read results read the committed results/reference/). A plain ```
+  block right after it is what it prints, and must be.
 - ```python after `<!-- doc-test: module NAME.py -->`: written to a temporary directory as NAME.py and
   imported. A module with a `factory` is loaded as `--workload NAME:factory` and put through the checks
   `distbench run` makes before any process group starts; a `run with: COMMAND` in its first comment line
@@ -16,6 +17,9 @@ What is checked, per fenced block (the marker is an HTML comment on the line rig
   importable module, a `docker/…` script an existing file. Inline code spans holding such a command get the
   same checks, less the full parse (prose quotes fragments such as `distbench run`).
 - ```toml: a `distbench tune --grid` file, loaded by `tune.load_grid`.
+- a plain ``` block (output) whose paragraph names a `results/reference/…` file: every line it shows is a
+  line of that file (`…` marks lines left out); right after a ```bash block that is one `distbench check`:
+  what that check prints, run in-process on the committed references.
 
 And: the option tables of `distbench run` and `distbench allreduce` in docs/commands.md are
 `python -m benchmarks.config`'s output, verbatim; every `| option | default | meaning |` table names
@@ -56,6 +60,8 @@ class Block:
     lang: str
     text: str
     marker: re.Match[str] | None
+    end: int = 0  # 1-based line of the closing fence
+    output: str | None = None  # a plain ``` block right after a ```python one: what it prints
 
     def __str__(self) -> str:
         return f"{self.page.relative_to(REPO)}:{self.line} (```{self.lang} block)"
@@ -71,8 +77,12 @@ def blocks(page: Path) -> list[Block]:
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        found.append(Block(page, i + 1, fence.group(1), "\n".join(lines[i + 1 : end]) + "\n", MARKER.search(before)))
+        text = "\n".join(lines[i + 1 : end]) + "\n"
+        found.append(Block(page, i + 1, fence.group(1), text, MARKER.search(before), end + 1))
         i = end + 1
+    for code, shown in zip(found, found[1:], strict=False):
+        if code.lang == "python" and shown.lang == "" and not "".join(lines[code.end : shown.line - 1]).strip():
+            code.output = shown.text
     return found
 
 
@@ -319,13 +329,19 @@ def test_the_checker_catches_what_it_should() -> None:
 
 
 @pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.lang == "python"], ids=str)
-def test_python_examples_run(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_python_examples_run(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     if block.marker is None:
+        printed = io.StringIO()
         try:
-            exec(compile(block.text, str(block), "exec"), {"__name__": "__doc_test__"})
+            with contextlib.redirect_stdout(printed):
+                exec(compile(block.text, str(block), "exec"), {"__name__": "__doc_test__"})
         except Exception as exc:
             pytest.fail(f"{block} does not run as written: {type(exc).__name__}: {exc}")
+        if block.output is not None:  # the output shown under it is what it prints
+            assert printed.getvalue().rstrip() == block.output.rstrip(), (
+                f"{block}: prints\n{printed.getvalue()}\nbut the block under it shows\n{block.output}"
+            )
         return
     if block.marker["kind"] == "skip":
         pytest.skip(f"{block}: {block.marker['arg']}")
@@ -361,6 +377,57 @@ def test_toml_examples_are_grids(block: Block, tmp_path: Path) -> None:
     assert grid != tune.DEFAULT_GRID, f"{block}: the grid changes nothing"
 
 
+def quoted_file(block: Block) -> Path | None:
+    """The committed file a plain block says it is copied from: a `results/reference/…` file named in the
+    prose since the previous heading or plain block."""
+    earlier = [b.end for b in blocks(block.page) if b.lang == "" and b.end < block.line]
+    text = [(n, line) for n, line in prose(block.page) if n < block.line]
+    headings = [n for n, line in text if line.startswith("#")]
+    since = max([0, *earlier, *headings])
+    for _, line in reversed([(n, line) for n, line in text if n > since]):
+        for path in re.findall(r"`(results/reference/[^`\s]+\.(?:txt|md|csv))`", line):
+            if (REPO / path).is_file():
+                return REPO / path
+    return None
+
+
+QUOTES = [b for b in ALL_BLOCKS if b.lang == "" and quoted_file(b)]
+
+
+@pytest.mark.parametrize("block", QUOTES, ids=str)
+def test_quoted_output_is_in_the_file_it_cites(block: Block) -> None:
+    """Output shown as copied from a committed reference is in it, line for line (`…` marks rows left out)."""
+    source = quoted_file(block)
+    assert source is not None
+    have = {line.rstrip() for line in source.read_text().splitlines()}
+    missing = [line for line in block.text.splitlines() if line.strip() not in ("", "…") and line.rstrip() not in have]
+    assert not missing, f"{block} quotes {source.relative_to(REPO)}, which has no line\n" + "\n".join(missing)
+
+
+def check_outputs() -> list[tuple[Block, list[str]]]:
+    """Plain blocks right after a ```bash block that is one `distbench check PATH…`: that command's output."""
+    found = []
+    for page in PAGES:
+        page_blocks = blocks(page)
+        for command, shown in zip(page_blocks, page_blocks[1:], strict=False):
+            lines = commands(command.text) if command.lang == "bash" and shown.lang == "" else []
+            args = cli_args(shlex.split(lines[0], comments=True)) if len(lines) == 1 else None
+            if args and args[0] == "check":
+                found.append((shown, args))
+    return found
+
+
+@pytest.mark.parametrize(("block", "args"), check_outputs(), ids=lambda x: str(x) if isinstance(x, Block) else "")
+def test_check_output_shown_is_what_check_prints(block: Block, args: list[str], monkeypatch, capsys) -> None:
+    monkeypatch.chdir(REPO)
+    assert cli.main(args) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = [line for line in block.text.splitlines() if line.strip() not in ("", "…")]
+    assert all(line in printed for line in shown) and shown[-1] == printed[-1], (
+        f"{block}: `distbench {' '.join(args)}` prints\n" + "\n".join(printed)
+    )
+
+
 # ---------------------------------------------------------------- links and the front page
 
 
@@ -370,14 +437,16 @@ def slug(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    seen: dict[str, int] = {}
+    """Every heading's anchor; a repeated heading gets -1, -2, … as on GitHub."""
+    found: set[str] = set()
+    times: dict[str, int] = {}
     for _, line in prose(page):
         heading = re.match(r"^#+ (.*)", line)
         if heading:
             base = slug(heading.group(1))
-            seen[base] = seen.get(base, -1) + 1
-            seen.setdefault(f"{base}-{seen[base]}" if seen[base] else base, 0)
-    return set(seen)
+            found.add(f"{base}-{times[base]}" if base in times else base)
+            times[base] = times.get(base, 0) + 1
+    return found
 
 
 def test_links_and_anchors_resolve() -> None:
