@@ -212,6 +212,25 @@ def best_point(table: Any, variant: str, points: list[dict[str, Any]]) -> dict[s
     return points[int(rows.point_index.iloc[0])] if len(rows) else None
 
 
+def keep_or_default(
+    tuned: list[float], default: list[float], point: dict[str, Any] | None
+) -> tuple[str, str, tuple[float, float, float]]:
+    """`best` or `default`, why, and the gain (best ÷ default throughput, Welch 95 % interval on logs) from the
+    final runs' samples/s. The best is kept only when the whole interval lies above 1: an interval that
+    includes 1 (within noise) or none at all (< 3 runs of each) keeps the default."""
+    from benchmarks.analysis import stats
+
+    nan = float("nan")
+    if not tuned:
+        return "default", "no knobs to tune" if point is None else "the default is the sweep's best", (1.0, nan, nan)
+    gain, lo, hi = stats.ratio_ci(tuned, default)
+    if not lo == lo:  # NaN: fewer than 3 runs of each
+        return "default", f"{stats.no_interval_reason(min(len(tuned), len(default)))}: default kept", (gain, lo, hi)
+    if lo > 1.0:
+        return "best", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) beyond noise", (gain, lo, hi)
+    return "default", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) within noise: default kept", (gain, lo, hi)
+
+
 def finish(root: Path, attempts: list[compare.Attempt], jobs: list[Job], best: dict, chosen: list[Variant]) -> str:
     """tuned.csv (default vs best per variant, the gain with its CI, what was kept and why), the report of the
     final runs at the kept knobs; returns the terminal text."""
@@ -229,21 +248,14 @@ def finish(root: Path, attempts: list[compare.Attempt], jobs: list[Job], best: d
         mine = full[(full.variant == v.name) & (full.status == "completed")]
         default, tuned = mine[mine.setting == "default"].samples_per_s, mine[mine.setting == "best"].samples_per_s
         point = best.get(v.name)
-        gain, lo, hi = stats.ratio_ci(tuned, default) if len(tuned) else (1.0, float("nan"), float("nan"))
         planned = set(full[full.variant == v.name].setting)
         failed = sorted(s for s in planned if not (mine.setting == s).any())  # every run of that setting failed
         if failed:
             gain, lo, hi = float("nan"), float("nan"), float("nan")
             keep = next(iter(planned - set(failed)), "none")
             why = f"every {' and '.join(failed)} run failed (see final/comparison.csv): {keep} kept, no gain measured"
-        elif not len(tuned):
-            keep, why = "default", "no knobs to tune" if point is None else "the default is the sweep's best"
-        elif not lo == lo:  # NaN: fewer than 3 runs of each
-            keep, why = "default", f"{stats.no_interval_reason(min(len(tuned), len(default)))}: default kept"
-        elif lo > 1.0:
-            keep, why = "best", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) beyond noise"
         else:
-            keep, why = "default", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) within noise: default kept"
+            keep, why, (gain, lo, hi) = keep_or_default(list(tuned), list(default), point)
         rows.append({"variant": v.name, "backend": v.backend, "best": describe_point(point or {}),
                      "default_samples_per_s": stats.log_ci(default)[0], "tuned_samples_per_s": stats.log_ci(tuned)[0],
                      "gain": gain, "gain_low": lo, "gain_high": hi, "kept": keep, "why": why})  # fmt: skip
