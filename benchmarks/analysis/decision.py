@@ -22,15 +22,16 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import stats
-from benchmarks.analysis.tables import SETUP
+from benchmarks.analysis.tables import SETUP, oversubscribed_words
 
 SCHEMA_VERSION = 1
 DECISION_JSON = "decision.json"
+PLAN_JSON = "plan.json"
 DEFAULT_PRECISION = 0.05
-MEMORY_COLUMNS = ("peak_rss_mb", "cuda_max_allocated_mb", "cuda_max_reserved_mb")
-"""per_run_stats' peak-memory columns per rank (the largest rank's) that the decision shows, where present."""
+MEMORY = {"peak_rss_mb": "peak RSS", "training_rss_mb": "of it training's own", "cuda_max_allocated_mb": "CUDA "
+          "allocated", "cuda_max_reserved_mb": "CUDA reserved"}  # fmt: skip
+"""The peak-memory measures per rank the decision shows (summary.csv's `<measure>_min`/`_max` over ranks)."""
 REASONS = {"compute_ms": "compute", "exposed_comm_ms": "exposed communication and overhead"}
-OVERSUBSCRIBED = "this measures time-slicing, not scaling"
 
 
 def _repeat(run_id: Any) -> int:
@@ -42,18 +43,14 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float, np.number)) and np.isfinite(value) else None
 
 
-def _memory(rows: pd.DataFrame) -> dict[str, float]:
-    """Each memory column's largest value over the variant's runs (MB per rank), where measured."""
+def _memory(rows: pd.DataFrame) -> dict[str, list[float]]:
+    """Each measure's [smallest rank, largest rank] in MB, means over the variant's runs, where measured."""
     out = {}
-    for column in MEMORY_COLUMNS:
-        if column in rows and rows[column].notna().any():
-            out[column] = round(float(rows[column].max()), 1)
+    for measure in MEMORY:
+        low, high = rows.get(f"{measure}_min"), rows.get(f"{measure}_max")
+        if low is not None and high is not None and low.notna().any() and high.notna().any():
+            out[measure] = [round(float(low.mean()), 1), round(float(high.mean()), 1)]
     return out
-
-
-def _oversubscribed_words(world_size: int, cpus: Any) -> str:
-    cores = f"{int(cpus)} cores" if _number(cpus) else "fewer cores"
-    return f"{world_size} ranks on {cores}: {OVERSUBSCRIBED}"
 
 
 def _reason(breakdown: pd.DataFrame | None, alternative: str, pick: str, setup: dict[str, Any]) -> dict[str, Any]:
@@ -171,24 +168,47 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def read_plan(paths: list[str | Path]) -> dict[str, Any] | None:
+    """The plan.json of a two-stage compare among `paths` (one directory given), else None."""
+    if len(paths) != 1 or not (Path(paths[0]) / PLAN_JSON).is_file():
+        return None
+    return json.loads((Path(paths[0]) / PLAN_JSON).read_text())
+
+
+def planned_repeats(per_run: pd.DataFrame, precision: float) -> int:
+    """Runs per variant that every ratio of a setup needs to reach `precision`, from the pilot's completed
+    runs (`stats.planned_runs` over each setup's variants; the largest setup's need)."""
+    ok = per_run[per_run.status == "completed"] if len(per_run) else per_run
+    # An arm is a run id less its repeat: a variant in compare, a variant at one setting in tune's final stage.
+    ok = ok.assign(arm=ok.run_id.astype(str).str.replace(r"-r\d+$", "", regex=True))
+    needs = [
+        stats.planned_runs([rows.samples_per_s for _, rows in group.groupby("arm", sort=False)], precision)
+        for _, group in ok.groupby(list(SETUP), sort=False)
+    ]
+    return max(needs, default=0)
+
+
 def decide(
     per_run: pd.DataFrame,
     breakdown: pd.DataFrame | None = None,
     scale: pd.DataFrame | None = None,
-    precision: float | None = None,
-    pilot: int | None = None,
+    plan: dict[str, Any] | None = None,
     knobs: dict[str, dict[str, Any]] | None = None,
     command: str = "",
 ) -> dict[str, Any]:
-    """decision.json's content from `tables.per_run_stats` rows, `why.per_run`'s breakdown per run, the
-    scaling table and, for a two-stage compare, the pilot's repeat count (its intervals then take their
-    spread from the pilot runs, `stats.stein_ratio_ci`)."""
-    precision = DEFAULT_PRECISION if precision is None else precision
+    """decision.json's content from `tables.per_run_stats` rows, `why.per_run`'s breakdown per run and the
+    scaling table. `plan`: {"precision": P} as given to compare, or a two-stage compare's plan.json (its
+    intervals then take their spread from the pilot runs, `stats.stein_ratio_ci`). `knobs`: tune's kept
+    knobs per variant; `command`: the command line to rerun with more repeats."""
+    plan = plan or {}
+    precision = plan.get("precision") or DEFAULT_PRECISION
+    pilot = plan.get("pilot")
     decision: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "precision": precision,
         "confidence": 0.95,
         "interval": "two-stage (Stein): all runs' means, the pilot's spread" if pilot else "Welch on log throughput",
+        "plan": plan or None,
         "setups": [],
     }
     if not len(per_run) or "samples_per_s" not in per_run:
@@ -204,10 +224,10 @@ def decide(
             here = scale[(scale.workload == setup["workload"]) & (scale.world_size == setup["world_size"])]
             efficiency = {str(r.variant): _number(r.efficiency) for r in here.itertuples()}
         if group.oversubscribed.any():
-            cpus = group["cpus"].dropna().iloc[0] if "cpus" in group and group["cpus"].notna().any() else None
+            cpus = group["cpus"].dropna() if "cpus" in group else pd.Series([], dtype=float)
             decision["setups"].append({**{k: _plain(v) for k, v in setup.items()}, "decides": False,
                                        "status": "oversubscribed",
-                                       "note": _oversubscribed_words(int(setup["world_size"]), cpus)})  # fmt: skip
+                                       "note": oversubscribed_words(int(setup["world_size"]), cpus)})  # fmt: skip
             continue
         if setup["world_size"] != largest.get(setup["workload"]):
             continue  # a scaling study decides at its largest world size; the others are in the scaling table
@@ -223,9 +243,11 @@ def _ratio_words(alt: dict[str, Any]) -> str:
     return f"{alt['variant']} {alt['ratio']:.2f}×{interval}"
 
 
-def _memory_words(memory: dict[str, float]) -> str:
-    names = {"peak_rss_mb": "peak RSS", "cuda_max_allocated_mb": "CUDA allocated", "cuda_max_reserved_mb": "reserved"}
-    return ", ".join(f"{names[k]} {v:.0f} MB" for k, v in memory.items())
+def _memory_words(memory: dict[str, list[float]]) -> str:
+    def mb(low: float, high: float) -> str:
+        return f"{low:.0f} MB" if round(low) == round(high) else f"{low:.0f}–{high:.0f} MB"
+
+    return ", ".join(f"{MEMORY[k]} {mb(*v)}" for k, v in memory.items())
 
 
 def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
@@ -275,12 +297,30 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def precision_words(decision: dict[str, Any]) -> str:
+    """For a two-stage compare: the precision every ratio reached, and what a capped plan would have needed."""
+    plan = decision.get("plan") or {}
+    if not plan.get("pilot"):
+        return ""
+    widths = [a["half_width"] for s in decision["setups"] for a in s.get("alternatives", [])]
+    widths = [w for w in widths if w is not None and np.isfinite(w)]
+    reached = f"±{max(widths):.1%}" if widths else "no interval"
+    text = (f"Precision: every ratio's 95 % interval within {reached} of it (target ±{plan['precision']:.1%}) after "
+            f"{plan['ran']} runs of each ({plan['pilot']} pilot + {plan['ran'] - plan['pilot']} planned)")  # fmt: skip
+    if plan.get("capped"):
+        text += (f"; the target would have needed {plan['needed']} runs of each: capped by --max-repeats "
+                 f"{plan['max_repeats']} (raise it to reach ±{plan['precision']:.1%})")  # fmt: skip
+    return text
+
+
 def words(decision: dict[str, Any]) -> list[str]:
     """The decision in plain words: a line per setup, then an indented line per other variant's next step."""
     lines = []
     for p in paragraphs(decision):
         lines.append(f"Decision ({p['status']}): {p['head']}")
         lines += [f"  {line}" for line in p["details"]]
+    if precision_words(decision):
+        lines.append(precision_words(decision))
     return lines
 
 

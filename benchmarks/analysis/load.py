@@ -29,7 +29,7 @@ from benchmarks.run import recorder as results
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
 EXTRA_COLUMNS = ("launcher_detail", "local_world_size", "train_size", "val_size", "model_parameters",
                  "validation_buffers", "omp_num_threads_env", "timed_wall_s", "error", "failed_rank",
-                 "oversubscribed")  # fmt: skip
+                 "oversubscribed", "cpus")  # fmt: skip
 JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
 DIED = "status running but its process is gone (the job died)"
 NUMERIC = {

@@ -54,13 +54,13 @@ def write(
     formats: set[str],
     include_failed: bool = False,
     extra: dict[str, pd.DataFrame] | None = None,
-    plan: dict[str, Any] | None = None,
+    known: dict[str, Any] | None = None,
 ) -> str:
     """Write decision.json, PNGs and report.md/report.html into `out`; return the decision in words and the
-    summary tables. `extra` adds tables of the caller's own at the end (tune's default vs tuned); `plan`
-    is what the caller knows of the decision (precision, pilot repeats, knobs, the command to rerun: the
-    keyword arguments of `decision.decide`). Paths holding only `distbench allreduce` runs give a report of
-    those alone."""
+    summary tables. `extra` adds tables of the caller's own at the end (tune's default vs tuned); `known`
+    is what the caller knows of the decision: "plan" (compare's precision or two-stage plan; else a
+    plan.json among `paths`), "knobs" (tune's kept knobs per variant), "command" (the command to rerun).
+    Paths holding only `distbench allreduce` runs give a report of those alone."""
     if not any(not load.is_allreduce_dir(d) for d in load.find_run_dirs(*paths)):
         allreduce = collectives.report_section(paths, out)
         if allreduce is not None:
@@ -92,7 +92,11 @@ def write(
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
     breakdown = why.per_run(rs)
     explained = why.section(rs, per_run, paths, out, breakdown)
-    decided = decision.decide(per_run, breakdown, scale, **(plan or {}))
+    given = known or {}
+    decided = decision.decide(
+        per_run, breakdown, scale, given.get("plan") or decision.read_plan(paths), given.get("knobs"),
+        given.get("command", ""),
+    )  # fmt: skip
     decision.write(out, decided)
     sections = {
         "Per backend": table,

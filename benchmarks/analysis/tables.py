@@ -25,8 +25,11 @@ SETUP = ("workload", "global_batch", "world_size")
 MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
 LAUNCH = ("launcher", "controller")
-PLAN = ("oversubscribed", "scaling")
-"""run.json's `oversubscribed` (more local ranks than cores) and compare's scaling mode (weak or strong)."""
+RANGE_COLUMNS = ("peak_rss_mb_min", "peak_rss_mb_max", "training_rss_mb_max", "cuda_max_allocated_mb_min",
+                 "cuda_max_allocated_mb_max", "cuda_max_reserved_mb_max")  # fmt: skip
+"""The memory columns the per-backend table carries: the range over ranks of each run, averaged over runs."""
+PLAN = ("oversubscribed", "cpus", "scaling")
+"""run.json's `oversubscribed` (more local ranks than cores) and `cpus`, and compare's scaling mode."""
 NO_LOSS = {"final_train_loss": np.nan, "final_val_loss": np.nan, "final_val_accuracy": np.nan}
 
 
@@ -212,6 +215,9 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
             row: dict = {**setup, "backend": backend, "runs_ok": len(mine), "runs_failed": len(all_mine) - len(mine)}
             # The variant and its launch, where known: one of each per row, since launchers are never pooled.
             row.update({c: all_mine[c].iloc[0] for c in ("variant", *LAUNCH) if c in all_mine})
+            if "oversubscribed" in all_mine and all_mine["oversubscribed"].fillna(False).astype(bool).any():
+                cpus = all_mine["cpus"].dropna() if "cpus" in all_mine else pd.Series([], dtype=float)
+                row["oversubscribed"] = oversubscribed_words(int(setup.get("world_size", 0)), cpus)
             failed = all_mine[all_mine.status != "completed"]
             if len(failed) and "run_key" in failed:  # without the run's directory there is nothing to point at
                 error = failed["error"].iloc[0] if "error" in failed else None
@@ -225,6 +231,8 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
                     step_p50_s=mine["step_p50_s"].mean(), step_p99_s=mine["step_p99_s"].mean(),
                     final_train_loss=mine["final_train_loss"].mean(), final_val_loss=mine["final_val_loss"].mean(),
                 )  # fmt: skip
+                # Peak memory per rank: the smallest and the largest rank, means over runs (NaN before schema 3).
+                row.update({c: mine[c].mean() for c in RANGE_COLUMNS if c in mine})
                 if backend == base_name:
                     row.update(ratio=1.0, ratio_low=np.nan, ratio_high=np.nan)  # the base of the ratios
                 else:
@@ -339,19 +347,39 @@ def _interval(value: float, lo: float, hi: float, n: int | None, base: bool = Fa
     return f"{value:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
 
 
+def memory_range(row: dict) -> str:
+    """Peak memory per rank, smallest–largest rank, in MB: CUDA's allocated peak on GPU, else the RSS peak."""
+    for low, high in (
+        ("cuda_max_allocated_mb_min", "cuda_max_allocated_mb_max"),
+        ("peak_rss_mb_min", "peak_rss_mb_max"),
+    ):
+        if pd.notna(row.get(low)) and pd.notna(row.get(high)):
+            return f"{row[low]:.0f}" if round(row[low]) == round(row[high]) else f"{row[low]:.0f}–{row[high]:.0f}"
+    return "-"
+
+
+def oversubscribed_words(world_size: int, cpus: pd.Series) -> str:
+    """'3 ranks on 2 cores: this measures time-slicing, not scaling' (cores from run.json `cpus`)."""
+    cores = f"{int(cpus.iloc[0])} cores" if len(cpus) else "fewer cores"
+    return f"{world_size} ranks on {cores}: this measures time-slicing, not scaling"
+
+
 def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
     """The terminal table `compare` and `report` print: one block per setup, then what to read into it."""
     width = max([10, *(len(str(b)) for b in table.get("backend", []))])  # `ddp (torchrun)` is longer than 10
     header = (
         f"{'backend':<{width}} {'ok/fail':>7} {'samples/s (95% CI)':>26} {'ratio (95% CI)':>24} "
-        f"{'p50 step':>9} {'p99 step':>9} {'train loss':>10} {'val loss':>9}"
+        f"{'p50 step':>9} {'p99 step':>9} {'train loss':>10} {'val loss':>9} {'peak MB/rank':>13}"
     )
     lines, verdicts, warnings = [], [], []
     blocks = setups(table)
     for setup, group in blocks:
+        over = group["oversubscribed"].dropna() if "oversubscribed" in group else pd.Series([], dtype=object)
         if setup:
-            lines.append(setup_words(setup))
+            lines.append(setup_words(setup) + (f" — OVERSUBSCRIBED: {over.iloc[0]}" if len(over) else ""))
         where = f"{setup_words(setup)}: " if len(blocks) > 1 else ""  # which block a line below is about
+        if len(over):
+            where = f"{where}(oversubscribed, {over.iloc[0]}) "
         lines.append(header)
         base = None
         for row in group.to_dict("records"):
@@ -366,7 +394,8 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
             ratio = _interval(row.get("ratio", np.nan), row.get("ratio_low"), row.get("ratio_high"), None, is_base)
             lines.append(
                 f"{row['backend']:<{width}} {okfail:>7} {sps:>26} {ratio:>24} {row['step_p50_s']:>9.4f} "
-                f"{row['step_p99_s']:>9.4f} {row['final_train_loss']:>10.4f} {row['final_val_loss']:>9.4f}"
+                f"{row['step_p99_s']:>9.4f} {row['final_train_loss']:>10.4f} {row['final_val_loss']:>9.4f} "
+                f"{memory_range(row):>13}"
             )
             if not is_base:
                 verdict = stats.verdict(row["backend"], base, row["ratio"], row["ratio_low"], row["ratio_high"])
@@ -382,7 +411,8 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
     lines.append(
         "samples/s: geometric mean over runs, 95% CI on log throughput; ratio: Welch 95% CI on log throughput; "
         f"no CI from < {stats.MIN_RUNS} runs. p50/p99 step (slowest rank, s) and final losses: means over runs, "
-        "descriptive, no interval."
+        "descriptive, no interval. peak MB/rank: the smallest–largest rank's peak memory (RSS on CPU, CUDA "
+        "allocated on GPU), means over runs."
     )
     return "\n".join(lines)
 
