@@ -17,7 +17,7 @@ from benchmarks.errors import InputError
 
 
 def _opt(default: Any, help: str, shown: str | None = None, **extra: Any) -> Any:
-    """A documented field; `shown` is what a default of None means, for --help and the README."""
+    """A documented field; `shown` is what a default of None means, for --help and docs/commands.md's tables."""
     return field(default=default, metadata={"help": help, "shown": shown, **extra})
 
 
@@ -211,7 +211,7 @@ def workload_defaults_text(name: str) -> str:
 
 
 def default_text(f: dataclasses.Field[Any]) -> str:
-    """The default a user gets, in words: shown in --help and in the README's option table."""
+    """The default a user gets, in words: shown in --help and in docs/commands.md's option table."""
     if f.metadata.get("shown") == WORKLOAD_DEFAULT:
         return workload_defaults_text(f.name)
     if f.metadata.get("shown"):

@@ -1,6 +1,6 @@
 """The CSV contract and the recorder: the one module that knows the result files' schema.
 
-`<out>/<run-id>/` holds run.json, timing.csv, loss.csv and summary.csv (see README, "Result files").
+`<out>/<run-id>/` holds run.json, timing.csv, loss.csv and summary.csv (docs/results.md).
 Columns are stable; new ones are added at the end and SCHEMA_VERSION is bumped.
 """
 

@@ -1,7 +1,7 @@
 """Bad input and failures under real launchers: rank 0 says it once, no rank prints a traceback.
 
 What follows our one line is the launcher's own notice; the exit code is what the launcher passes on
-(README, the launcher table under `distbench run`).
+(docs/commands.md, the launcher table under `distbench run`; docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def _parameters(name: str) -> int:
 
 
 def test_presets_have_the_documented_sizes() -> None:
-    """The README and PRESETS' summaries quote these: parameters, and 4 bytes of gradient each per step."""
+    """docs/workloads.md and PRESETS' summaries quote these: parameters, and 4 bytes of gradient each per step."""
     assert _parameters("gpt2-small") == 123_751_680  # GPT-2 small's 124,439,808 less 896 positions
     assert _parameters("cnn-25m") == 25_129_066
     assert _parameters("transformer") == 2 * 512 * 128 + 32 * 128 + 4 * 198_272 + 256  # the default is unchanged
