@@ -88,7 +88,8 @@ RANKS = [
 def test_summary_takes_the_range_over_ranks() -> None:
     row = results.summary_row(META, [0.01, 0.02], 128, {}, 0.05, [], RANKS)
     assert list(row) == list(results.SUMMARY_COLUMNS)
-    assert list(results.SUMMARY_COLUMNS[-len(results.MEMORY_COLUMNS) :]) == list(results.MEMORY_COLUMNS)
+    schema_3 = results.SUMMARY_COLUMNS_OF[3]  # appended at the end of schema 2's header
+    assert schema_3 == results.SUMMARY_COLUMNS_OF[2] + results.MEMORY_COLUMNS
     assert (row["peak_rss_mb_min"], row["peak_rss_mb_max"]) == (500.0, 520.0)
     assert (row["training_rss_mb_min"], row["training_rss_mb_max"]) == (310.0, 320.0)
     assert (row["rss_before_model_mb_min"], row["rss_before_model_mb_max"]) == (190.0, 200.0)
@@ -136,6 +137,8 @@ def test_check_catches_a_memory_range_upside_down(ballast_run: Path, tmp_path: P
 def as_schema_2(run_dir: Path) -> None:
     summary = pd.read_csv(run_dir / results.SUMMARY_CSV)
     summary[list(results.SUMMARY_COLUMNS_OF[2])].to_csv(run_dir / results.SUMMARY_CSV, index=False)
+    loss = pd.read_csv(run_dir / results.LOSS_CSV)  # schema 2's loss.csv ended at `samples`
+    loss[list(loss.columns[: loss.columns.get_loc("samples") + 1])].to_csv(run_dir / results.LOSS_CSV, index=False)
     meta = json.loads((run_dir / results.RUN_JSON).read_text())
     meta.pop("memory")
     (run_dir / results.RUN_JSON).write_text(json.dumps({**meta, "schema_version": 2}))

@@ -56,8 +56,8 @@ def test_finish_holds_the_rule_on_final_runs(tmp_path: Path) -> None:
         "ddp@torchrun": {"default": DEFAULT, "best": WITHIN_NOISE},
         "horovod@gloo": {"default": DEFAULT, "best": BEYOND_NOISE},
     }
-    metas = {"ddp@torchrun": {"launcher": "torchrun"},
-             "horovod@gloo": {"launcher": "horovodrun", "launcher_detail": "gloo", "knobs": {"controller": "gloo"}}}  # fmt: skip
+    gloo = {"launcher": "horovodrun", "launcher_detail": "gloo", "knobs": {"controller": "gloo"}}
+    metas = {"ddp@torchrun": {"launcher": "torchrun"}, "horovod@gloo": gloo}
     attempts, jobs = [], []
     for v in chosen:
         for setting, values in throughputs[v.name].items():
