@@ -3,6 +3,7 @@
 #   make test    the whole test suite (tests/unit, then tests/integration with real launchers)
 #   make test-fast  the in-process unit tests (under a minute)
 #   make lint    ruff and the import layering (lint-imports)
+#   make gpu-bundle  here: what a GPU machine without a registry needs (gpu-bundle/); make gpu-check there
 # Override: make test TORCH_SPEC='torch==2.14.1'; make test VENV=/path/to/env TORCH_SPEC= (keep its torch);
 #           make test PYTEST_ARGS='-k launch -x'.
 
@@ -50,3 +51,15 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) results/runs
+
+# The GPU path (docs/gpu.md). gpu-bundle runs here; gpu-check runs on the GPU machine, from the repository
+# root with gpu-bundle/ present, in that machine's own Python (about 8 minutes; exits 2 without CUDA).
+GPU_PYTHON     ?= python3
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-bundle gpu-check
+
+gpu-bundle: $(STAMP)
+	$(PY) docker/gpu_bundle.py gpu-bundle
+
+gpu-check:
+	@$(GPU_PYTHON) docker/gpu_check.py --bundle gpu-bundle $(GPU_CHECK_ARGS)

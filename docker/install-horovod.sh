@@ -9,7 +9,10 @@
 #
 # Usage: docker/install-horovod.sh [PYTHON]        (default: .venv/bin/python, else python3)
 # Env:   DISTBENCH_CACHE (default ~/.cache/distbench), HOROVOD_VERSION (default 0.28.1),
-#        DISTBENCH_REBUILD_HOROVOD=1 ignores the cached wheel.
+#        DISTBENCH_REBUILD_HOROVOD=1 ignores the cached wheel,
+#        HOROVOD_SDIST=path/horovod-<ver>.tar.gz builds from that file instead of downloading (a machine
+#        without a package registry: make gpu-bundle), HOROVOD_WITHOUT_MPI=1 builds with Gloo alone (no
+#        Open MPI needed), HOROVOD_BUILD_CUDA_CC_LIST=90 builds CUDA kernels for that GPU only.
 set -euo pipefail
 
 HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
@@ -27,7 +30,11 @@ die() { say "ERROR: $*"; exit 1; }
   || die "torch is not importable by $PYTHON; install it first (make setup, or: $PYTHON -m pip install torch==2.13.0)"
 
 # --- system prerequisites: Open MPI, cmake, a C++ compiler ----------------------------------------
-"$(dirname "$0")/install-system-deps.sh"
+if [[ "${HOROVOD_WITHOUT_MPI:-}" == 1 ]]; then
+  for tool in cmake g++; do command -v "$tool" >/dev/null 2>&1 || die "$tool is missing; install it first"; done
+else
+  "$(dirname "$0")/install-system-deps.sh"
+fi
 
 # --- cache key ---------------------------------------------------------------------------------------
 read -r TORCH_VERSION PY_TAG TORCH_CUDA < <("$PYTHON" - <<'PY'
@@ -42,6 +49,8 @@ else
   FLAVOUR="cpu"
 fi
 KEY="horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-${PY_TAG}-${FLAVOUR}"
+if [[ "${HOROVOD_WITHOUT_MPI:-}" == 1 ]]; then KEY="$KEY-nompi"; fi
+SDIST_CACHE="$CACHE_ROOT/sdist/horovod-$HOROVOD_VERSION.tar.gz"
 WHEEL_DIR="$CACHE_ROOT/wheels/$KEY"
 
 installed_ok() {
@@ -64,9 +73,14 @@ else
     LOG="$CACHE_ROOT/logs/$KEY.log"
     mkdir -p "$CACHE_ROOT/logs"
     say "building $KEY (about 8 minutes on 2 cores); full log: $LOG"
-    "$PYTHON" -m pip download --quiet --no-binary :all: --no-deps "horovod==$HOROVOD_VERSION" -d "$WORK" \
-      || die "could not download the horovod==$HOROVOD_VERSION sdist from PyPI"
-    tar -xzf "$WORK"/horovod-"$HOROVOD_VERSION".tar.gz -C "$WORK"
+    SDIST="${HOROVOD_SDIST:-$SDIST_CACHE}"
+    if [[ ! -f "$SDIST" ]]; then
+      [[ -z "${HOROVOD_SDIST:-}" ]] || die "HOROVOD_SDIST=$HOROVOD_SDIST is not a file; run make gpu-bundle"
+      mkdir -p "$(dirname "$SDIST")"  # kept: make gpu-bundle takes it from here
+      "$PYTHON" -m pip download --quiet --no-binary :all: --no-deps "horovod==$HOROVOD_VERSION" -d "$(dirname "$SDIST")" \
+        || die "could not download the horovod==$HOROVOD_VERSION sdist from PyPI"
+    fi
+    tar -xzf "$SDIST" -C "$WORK"
     SRC="$WORK/horovod-$HOROVOD_VERSION"
     for f in "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"; do
       grep -q 'set(CMAKE_CXX_STANDARD 14)' "$f" || die "$f has no 'set(CMAKE_CXX_STANDARD 14)' to patch"
@@ -74,12 +88,27 @@ else
     done
     # Build requirements that --no-build-isolation expects in the environment already.
     "$PYTHON" -m pip install --quiet setuptools wheel cloudpickle psutil pyyaml packaging
-    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1
+    if [[ "${HOROVOD_WITHOUT_MPI:-}" != 1 ]]; then export HOROVOD_WITH_MPI=1; fi
     export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
     if [[ "$FLAVOUR" != cpu ]]; then
       export HOROVOD_GPU_OPERATIONS=NCCL
-      NCCL_HOME="$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
-      if [[ -n "$NCCL_HOME" && -z "${HOROVOD_NCCL_HOME:-}" ]]; then export HOROVOD_NCCL_HOME="$NCCL_HOME"; fi
+      # nvcc 13 no longer takes the C++11 the CUDA kernels ask for; 17 is what the rest now builds with.
+      sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$SRC/horovod/common/ops/cuda/CMakeLists.txt"
+      # torch's CUDA wheels bring NCCL as a package (nvidia-nccl-cuXY): nccl.h and libnccl.so.2 only, while
+      # Horovod's FindNCCL looks for libnccl.so or the static library. Link the shared one, by its soname.
+      NCCL_DIR="$("$PYTHON" - <<'PY' 2>/dev/null || true
+import pathlib, sys
+found = (lib.parent.parent for base in sys.path if base for lib in pathlib.Path(base).glob("nvidia/*/lib/libnccl.so*"))
+print(next((str(d) for d in found if (d / "include" / "nccl.h").exists()), ""))
+PY
+)"
+      if [[ -n "$NCCL_DIR" && -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_LIB:-}" ]]; then
+        mkdir -p "$WORK/nccl-lib"
+        ln -s "$(ls "$NCCL_DIR"/lib/libnccl.so* | head -n 1)" "$WORK/nccl-lib/libnccl.so"
+        export HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include" HOROVOD_NCCL_LIB="$WORK/nccl-lib" HOROVOD_NCCL_LINK=SHARED
+        say "NCCL from torch's wheel: $NCCL_DIR"
+      fi
     fi
     export MAKEFLAGS="-j$(nproc)"
     if ! "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC" >"$LOG" 2>&1; then
@@ -98,8 +127,14 @@ else
 fi
 
 # --- verify ------------------------------------------------------------------------------------------
-CHECK="$("$BIN_DIR/horovodrun" --check-build 2>&1)" || die "horovodrun --check-build failed: $CHECK"
-for need in PyTorch MPI Gloo; do
+# pip may put the script outside the interpreter's directory (a system Python): the module is the same.
+HOROVODRUN=("$BIN_DIR/horovodrun")
+[[ -x "$BIN_DIR/horovodrun" ]] || HOROVODRUN=("$PYTHON" -m horovod.runner.launch)
+CHECK="$("${HOROVODRUN[@]}" --check-build 2>&1)" || die "horovodrun --check-build failed: $CHECK"
+NEEDS=(PyTorch Gloo)
+if [[ "${HOROVOD_WITHOUT_MPI:-}" != 1 ]]; then NEEDS+=(MPI); fi
+if [[ "$FLAVOUR" != cpu ]]; then NEEDS+=(NCCL); fi
+for need in "${NEEDS[@]}"; do
   grep -q "\[X\] $need" <<<"$CHECK" || die "Horovod was built without $need:\n$CHECK"
 done
-say "ok: horovodrun --check-build lists PyTorch, MPI and Gloo"
+say "ok: horovodrun --check-build lists ${NEEDS[*]}"

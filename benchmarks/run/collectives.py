@@ -6,6 +6,11 @@ measured), then, outside it, a correctness check and one all-gather of each rank
 verdict, so rank 0 can write the size's row before the next size's barrier. Rank 0 writes
 `allreduce.csv` and `run.json` (`kind: allreduce`). No pandas, scipy or matplotlib here, and torch only
 once a sweep starts: the analysis side imports the formulas and the schema from this module.
+
+On CUDA the timed loop only queues calls: no host synchronisation inside it, one after its last call (the
+host clock must see the device finish), and one just before the clock starts, so nothing queued earlier
+is timed. A call that blocks the host by itself (Horovod's allreduce_ waits for its handle) is the
+library's own cost and is measured as such.
 """
 
 from __future__ import annotations
@@ -128,6 +133,7 @@ def sweep(impl: Collective, opts: AllreduceConfig, meta: dict[str, Any] | None, 
         # Every rank must run the same count, hence the slowest rank's estimate.
         iters = opts.iters or iteration_count(max(impl.allgather(sorted(calls)[len(calls) // 2])))
         impl.barrier()
+        impl.synchronize()  # CUDA: an NCCL barrier's own kernel may still be queued; CPU: nothing
         t0 = time.perf_counter()
         for _ in range(iters):
             allreduce()

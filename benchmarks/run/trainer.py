@@ -14,7 +14,7 @@ from torch import nn
 
 from backends.base import Backend
 from benchmarks.config import RunConfig
-from benchmarks.run import data, faults, guard, memory, progress, sharding, workloads
+from benchmarks.run import data, faults, guard, memory, phases, progress, sharding, workloads
 from benchmarks.run import recorder as results
 
 VALIDATION_BUFFERS = "mean over ranks of floating-point buffers before each validation; training continues with it"
@@ -97,6 +97,8 @@ class Trainer:
         self.train_feed = data.TrainFeed(workload.train, cfg, backend.rank, backend.world_size, self.device)
         self.val_feed = data.ValFeed(workload.val, cfg, backend.rank, backend.world_size, self.device)
         self.pending: list[dict[str, Any]] = []
+        self.timer = phases.timer_for(self.device)
+        """Times each step's phases: CUDA events on a GPU (one synchronisation per step), perf_counter on CPU."""
         self.global_step = 0
         self.timed_wall_s = 0.0
         self.compute_step_s: list[float] = []
@@ -108,10 +110,6 @@ class Trainer:
     def _beat(self) -> None:
         if self.watchdog is not None:
             self.watchdog.beat()
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def steps_in_epoch(self, epoch: int) -> list[list[list[int]]]:
         """This rank's optimizer steps for an epoch, each a list of `accumulate` micro-batches."""
@@ -132,40 +130,39 @@ class Trainer:
         """
         model, optimizer = bare or (self.model, self.optimizer)
         k = len(micro_batches)
-        data_s = forward_s = backward_s = 0.0
         kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        start = time.perf_counter()
+        timer = self.timer
+        timer.start()
         for i, batch in enumerate(micro_batches):
-            t0 = time.perf_counter()
             x, y = self.train_feed.fetch(batch)  # waiting for a DataLoader counts here, in data_s
-            self._sync()
-            t1 = time.perf_counter()
+            timer.lap("data")
             last = i == k - 1
             with self.backend.accumulation(model, last) if bare is None else contextlib.nullcontext():
                 out = model(x)
                 per_sample = self.workload.loss(out, y)
                 loss = per_sample.mean() / k
-                self._sync()
-                t2 = time.perf_counter()
+                timer.lap("forward")
                 loss.backward()
-                self._sync()
-                t3 = time.perf_counter()
-            data_s, forward_s, backward_s = data_s + t1 - t0, forward_s + t2 - t1, backward_s + t3 - t2
+                timer.lap("backward")
             kept.append((per_sample.detach(), out.detach(), y))
-        t4 = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()  # set_to_none, the default; Horovod takes no argument
-        self._sync()
-        end = time.perf_counter()
-        # Off the clock: reading losses forces a device sync, so it comes after the step is timed.
+        timer.lap("optimizer")
+        phase, step_s = timer.finish()  # on CUDA the step's one host synchronisation
+        # Off the clock. On CUDA the sums stay on the device until `flush`: reading them here would be
+        # a second host synchronisation per step, and the host could no longer run ahead into the next.
         correct = self.workload.correct
         return {
             "epoch": epoch, "step": self.global_step, "warmup": self.global_step <= self.cfg.warmup_steps,
-            "samples": sum(len(b) for b in micro_batches), "data_s": data_s, "forward_s": forward_s,
-            "backward_s": backward_s, "optimizer_s": end - t4, "step_s": end - start,
-            "loss_sum": sum(float(p.double().sum()) for p, _, _ in kept),
-            "correct_sum": sum(float(correct(o, t).double().sum()) for _, o, t in kept) if correct else None,
+            "samples": sum(len(b) for b in micro_batches), "data_s": phase["data"], "forward_s": phase["forward"],
+            "backward_s": phase["backward"], "optimizer_s": phase["optimizer"], "step_s": step_s,
+            "loss_sum": self._total([p.double().sum() for p, _, _ in kept]),
+            "correct_sum": self._total([correct(o, t).double().sum() for _, o, t in kept]) if correct else None,
         }  # fmt: skip
+
+    def _total(self, sums: list[torch.Tensor]) -> float | list[torch.Tensor]:
+        """The float now on CPU; on CUDA the device tensors, which `flush` adds up the same way."""
+        return sums if self.device.type == "cuda" else sum(float(s) for s in sums)
 
     def flush(self) -> float:
         """Gather buffered rows to rank 0 (collectives, so never called inside a timed step).
@@ -175,6 +172,10 @@ class Trainer:
         """
         self.backend.barrier()
         start = time.perf_counter()
+        for row in self.pending:  # CUDA: the device sums train_step left unread
+            for key in ("loss_sum", "correct_sum"):
+                if isinstance(row[key], list):
+                    row[key] = sum(float(s) for s in row[key])
         gathered = self.backend.all_gather_object([self.pending, self.backend.rank])
         self.pending = []
         if self.recorder is not None:
