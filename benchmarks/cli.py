@@ -20,7 +20,7 @@ from pathlib import Path
 import backends
 from benchmarks import config
 from benchmarks.config import RunConfig
-from benchmarks.errors import EXIT_BAD_INPUT, InputError, bad_input, error
+from benchmarks.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError, bad_input, error
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -185,7 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code = args.func(args)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:  # before a command's own handling is in place (imports, checks): nothing ran
+        print("distbench: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     # Only a completed run: after a failure the peers may be gone or waiting out errors.RANK0_GRACE_S, and
     # MPI_Finalize would wait for them.
     if args.command == "run" and code == 0 and argv is None:

@@ -14,6 +14,9 @@ import time
 EXIT_BAD_INPUT = 2
 """Bad input, caught before any work: one line naming the fix, no result files."""
 
+EXIT_INTERRUPTED = 130
+"""Stopped by SIGINT or SIGTERM (128 + SIGINT, as a shell reports Ctrl-C): what completed is kept."""
+
 RANK0_GRACE_S = 10.0
 """How long a rank other than 0 waits before exiting on bad input, so that rank 0 has said it."""
 

@@ -222,7 +222,7 @@ def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
             said.append(error)
             print(f"distbench: error: allreduce failed: {error}{where}", file=sys.stderr, flush=True)
 
-    guard.install_sigterm_watcher(lambda: fail("terminated by SIGTERM (a launcher stopping the job)"))
+    guard.install_signal_watcher(fail)
     watchdog = guard.Watchdog(opts.timeout, fail)
     try:
         impl.start()

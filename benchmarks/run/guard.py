@@ -1,8 +1,10 @@
 """Nothing lost on failure: a failed or killed run is recorded as `failed`, never left `running`.
 
-- SIGTERM (what torchrun, horovodrun and mpirun send to the survivors when a rank dies) is noticed by
-  a watcher thread even while the main thread is blocked inside a collective; it records the failure
-  and exits 143.
+- SIGTERM (what torchrun, horovodrun and mpirun send to the survivors when a rank dies) and SIGINT
+  (Ctrl-C, passed on by torchrun and by distbench compare) are noticed by a watcher thread even while
+  the main thread is blocked inside a collective; it records the failure and exits 128 + the signal.
+- A rank whose launcher is gone (killed, so it could not stop its ranks) stops too, rather than train
+  on unasked and record a completed run nobody is waiting for.
 - A watchdog ends a rank that makes no progress for --timeout seconds, whatever it is waiting on.
 - A rank other than 0 that fails with an exception leaves a note beside the run (when it can see the
   run directory), so rank 0 can name the root cause and the failing rank.
@@ -24,31 +26,46 @@ FAILURE_NOTE = "failure-rank{rank}.json"
 _wakeup_sockets: list[socket.socket] = []  # kept alive for the process: the signal machinery writes to one
 
 
+STOP_SIGNALS = {
+    signal.SIGTERM: "terminated by SIGTERM (a launcher stopping the job)",
+    signal.SIGINT: "interrupted by SIGINT (Ctrl-C, or a launcher or distbench compare passing it on)",
+}
+"""The signals that stop a run, and how run.json says it."""
+
+
 class Terminated(RuntimeError):
-    """The launcher (or a user) sent SIGTERM."""
+    """The launcher (or a user) sent SIGTERM or SIGINT."""
 
 
-def install_sigterm_watcher(on_terminate: Callable[[], None]) -> None:
-    """Call `on_terminate` from a thread when SIGTERM arrives, then exit 143 if the main thread has not."""
+def install_signal_watcher(on_signal: Callable[[str], None]) -> None:
+    """Call `on_signal(why)` from a thread when SIGTERM or SIGINT arrives, then exit 128 + the signal if
+    the main thread has not: a rank blocked inside a collective runs no Python signal handler."""
     read_end, write_end = socket.socketpair()
     read_end.setblocking(True)
     write_end.setblocking(False)
     _wakeup_sockets.extend((read_end, write_end))
 
     def handler(signum: int, frame: Any) -> None:
-        raise Terminated("terminated by SIGTERM (the launcher stops every rank when one fails)")
+        raise Terminated(STOP_SIGNALS[signal.Signals(signum)])
 
-    signal.signal(signal.SIGTERM, handler)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
     signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
 
     def watch() -> None:
         while True:
             data = read_end.recv(64)
-            if signal.SIGTERM in data:
-                on_terminate()
-                os._exit(128 + signal.SIGTERM)
+            for signum, why in STOP_SIGNALS.items():
+                if signum in data:
+                    on_signal(why)
+                    os._exit(128 + signum)
 
-    threading.Thread(target=watch, name="distbench-sigterm", daemon=True).start()
+    threading.Thread(target=watch, name="distbench-signals", daemon=True).start()
+
+
+def install_sigterm_watcher(on_terminate: Callable[[], None]) -> None:
+    """`install_signal_watcher` for a caller that says one thing whatever the signal."""
+    install_signal_watcher(lambda why: on_terminate())
 
 
 def write_failure_note(run_dir: Path, rank: int, error: str) -> None:
@@ -82,15 +99,18 @@ def pid_alive(pid: int) -> bool:
 
 
 class Watchdog:
-    """Ends the process when the main thread makes no progress for `timeout` seconds.
+    """Ends the process when the main thread makes no progress for `timeout` seconds, or when the launcher
+    that started it (`parent`, a pid) is gone.
 
     Collective timeouts do not cover every stall (Horovod with the Gloo controller waits forever for a
     rank that hangs in Python), so the harness calls `beat()` after each step, gather and validation
     batch; a rank that stops beating records why and exits 1, and the launcher stops the rest.
     """
 
-    def __init__(self, timeout: float, on_expire: Callable[[str], None], grace: float = 5.0) -> None:
-        self.timeout, self.grace, self.on_expire = timeout, grace, on_expire
+    def __init__(
+        self, timeout: float, on_expire: Callable[[str], None], grace: float = 5.0, parent: int | None = None
+    ) -> None:
+        self.timeout, self.grace, self.on_expire, self.parent = timeout, grace, on_expire, parent
         self.last = time.monotonic()
         self.stopped = threading.Event()
         threading.Thread(target=self._watch, name="distbench-watchdog", daemon=True).start()
@@ -101,9 +121,16 @@ class Watchdog:
     def stop(self) -> None:
         self.stopped.set()
 
+    def orphaned(self) -> bool:
+        """The launcher is gone: this process was handed to init (or a subreaper)."""
+        return self.parent is not None and os.getppid() != self.parent
+
     def _watch(self) -> None:
         while not self.stopped.wait(min(1.0, self.timeout / 4 + 0.01)):
             idle = time.monotonic() - self.last
+            if self.orphaned():
+                self.on_expire(f"the launcher (pid {self.parent}) is gone, so the job was stopped")
+                os._exit(1)
             if idle > self.timeout + self.grace:
                 self.on_expire(f"no progress for {idle:.0f}s (--timeout {self.timeout:g}): a rank is hung or dead")
                 os._exit(1)

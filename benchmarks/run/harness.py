@@ -92,11 +92,18 @@ PEER_LOST = re.compile(
 watchdog, or the launcher's SIGTERM sent because a rank exited."""
 
 
+LAUNCHER_PARENTS = (launch.TORCHRUN, launch.MPIRUN, launch.HOROVODRUN)
+"""Launchers whose ranks are their own children (horovodrun's through a shell it watches): a rank whose
+parent changes has lost its launcher. Not python (a shell may leave a run it started) nor srun."""
+
+
 class RunFailed(RuntimeError):
     """A run that started failed; its error is recorded in run.json (rank 0), and this says it in one line."""
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, guard.Terminated):  # says which signal already, as the watcher thread would
+        return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -256,8 +263,10 @@ def run(
             print(f"distbench: error: {message}", file=sys.stderr, flush=True)
         return message
 
-    guard.install_sigterm_watcher(lambda: fail("terminated by SIGTERM (a launcher stopping the job)"))
-    watchdog = guard.Watchdog(cfg.timeout, fail)  # its grace lets collectives' own timeouts fire first
+    guard.install_signal_watcher(fail)
+    # Under a launcher, the parent is the launcher: one killed outright cannot stop its ranks any more.
+    parent = os.getppid() if info.launcher in LAUNCHER_PARENTS else None
+    watchdog = guard.Watchdog(cfg.timeout, fail, parent=parent)  # its grace lets collectives' timeouts fire first
     try:
         backend.init()
     except (InputError, launch.WrongLauncherError):
@@ -296,6 +305,8 @@ def run(
             recorder.meta["model_parameters"] = sum(p.numel() for p in params)
             recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, cfg, backend_name)
         trainer.fit()
+        if watchdog.orphaned():  # between the watchdog's looks: still not a run anybody is waiting for
+            raise guard.Terminated(f"the launcher (pid {parent}) is gone, so the job was stopped")
         if recorder is not None:
             recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
             recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)

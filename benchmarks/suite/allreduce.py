@@ -14,16 +14,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks import config, launch
+from benchmarks import config, errors, launch
 from benchmarks.config import DTYPES, AllreduceConfig, format_size
 from benchmarks.errors import EXIT_BAD_INPUT, InputError, bad_input, error
 from benchmarks.launch import variants as launch_variants
 from benchmarks.suite import compare as training_compare
+from benchmarks.suite import jobs as processes
 from benchmarks.suite import variants
 
 # What each implementation can be started under. mpi4py needs MPI, which horovodrun gives only with --mpi.
@@ -179,9 +179,8 @@ def rank_argv(opts: AllreduceConfig) -> list[str]:
 
 
 def run_compare(names: list[str], opts: AllreduceConfig, nproc: int, root: Path) -> int:
-    """Each variant under its launcher into `root`, then the combined CSV, plot and table; 0 if all passed."""
-    from benchmarks.run import recorder
-
+    """Each variant under its launcher into `root`, then the combined CSV, plot and table; 0 if all passed,
+    130 when a signal stopped it."""
     started = time.perf_counter()
     threads = opts.threads or launch.default_threads(nproc)
     opts = dataclasses.replace(opts, threads=threads)
@@ -192,32 +191,73 @@ def run_compare(names: list[str], opts: AllreduceConfig, nproc: int, root: Path)
     span = f"{len(opts.sizes)} sizes {format_size(opts.sizes[0])}–{format_size(opts.sizes[-1])}"
     print(f"distbench allreduce --compare: {plan}; {nproc} ranks, {opts.dtype}, {span}, OMP_NUM_THREADS={threads}",
           file=sys.stderr, flush=True)  # fmt: skip
+    with processes.Supervisor(root) as supervisor:
+        failed, interrupted = run_variants(names, opts, nproc, root, env, supervisor)
+        from benchmarks.analysis import collectives  # pandas: only once the jobs are done
+
+        try:
+            section = collectives.write_compare_outputs(root, [impl_column(n, opts.device) for n in names])
+            print(section.text)
+        except FileNotFoundError:  # nothing completed: nothing to tabulate or plot
+            print("[allreduce] no combined results: no implementation completed a size", file=sys.stderr)
+        if interrupted:
+            mark_interrupted_row(root, interrupted)
+        if failed:
+            print(f"distbench: error: failed: {', '.join(failed)} (see their run.json under {root})", file=sys.stderr)
+        print(f"time: {time.perf_counter() - started:.1f} s wall for {len(names)} implementations")
+        print(root)
+        if supervisor.interrupted:
+            print(supervisor.closing_line(), file=sys.stderr)
+            return errors.EXIT_INTERRUPTED
+    return 1 if failed else 0
+
+
+def run_variants(names: list[str], opts: AllreduceConfig, nproc: int, root: Path, env: dict[str, str],
+                 supervisor: processes.Supervisor) -> tuple[list[str], str | None]:  # fmt: skip
+    """Each variant's job in turn until a signal stops one; the failed run ids, and the interrupted one."""
+    from benchmarks.run import recorder
+
     failed = []
     for i, name in enumerate(names, 1):
+        if supervisor.interrupted:
+            break
         run_id = impl_column(name, opts.device)
         cmd = [*variant_command(name, nproc), "allreduce", "--impl", VARIANTS[name][0], *rank_argv(opts),
                "--out", str(root), "--run-id", run_id]  # fmt: skip
         print(f"[allreduce {i}/{len(names)}] {run_id}: {' '.join(cmd)}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            code = subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env).returncode
+            code = supervisor.run(cmd, env, root / f"{run_id}.interrupted.log")
         except FileNotFoundError as exc:
             print(f"[allreduce] cannot start {run_id}: {exc}", file=sys.stderr)
             code = 127
+        if supervisor.interrupted and processes.record_interrupted(
+            root / run_id, supervisor.signal_name, "distbench allreduce --compare"
+        ):
+            print(f"[allreduce] {run_id}: interrupted", file=sys.stderr, flush=True)
+            return failed, run_id
         recorder.mark_abandoned(root / run_id, f"the job exited {code} before the sweep completed")
         outcome = f"FAILED (exit {code})" if code else "ok"
         print(f"[allreduce] {run_id}: {outcome} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         if code:
             failed.append(run_id)
-    from benchmarks.analysis import collectives
+    return failed, None
 
-    try:
-        section = collectives.write_compare_outputs(root, [impl_column(n, opts.device) for n in names])
-        print(section.text)
-    except FileNotFoundError as exc:  # nothing completed: nothing to tabulate or plot
-        print(f"[allreduce] no combined results: {exc}", file=sys.stderr)
-    if failed:
-        print(f"distbench: error: failed: {', '.join(failed)} (see their run.json under {root})", file=sys.stderr)
-    print(f"time: {time.perf_counter() - started:.1f} s wall for {len(names)} implementations")
-    print(root)
-    return 1 if failed else 0
+
+def mark_interrupted_row(root: Path, run_id: str) -> None:
+    """allreduce-comparison.csv: the interrupted run's sizes marked `interrupted`, or one row saying so when
+    it recorded none."""
+    import pandas as pd
+
+    from benchmarks.analysis import collectives
+    from benchmarks.run import collectives as rank_side
+
+    path = root / collectives.COMPARISON_CSV
+    frame = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=[*rank_side.COLUMNS, "run_key", "status"])
+    mine = frame["run_id"] == run_id
+    if mine.any():
+        frame.loc[mine, "status"] = "interrupted"
+    else:
+        row = {"run_id": run_id, "impl": run_id, "run_key": str(root / run_id), "status": "interrupted"}
+        frame = pd.concat([frame, pd.DataFrame([row])], ignore_index=True)
+    frame.to_csv(path, index=False)

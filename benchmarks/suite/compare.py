@@ -16,7 +16,6 @@ import dataclasses
 import datetime
 import os
 import secrets
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
 from benchmarks.run import workloads
 from benchmarks.run.validate import validate
+from benchmarks.suite import jobs as processes
 from benchmarks.suite import variants
 from benchmarks.suite.variants import Job, jobs_for
 
@@ -177,6 +177,8 @@ class Attempt:
     """The whole job: launcher, start-up, training, validation, exit."""
     timed_wall_s: float = float("nan")
     """The run's timed window (run.json, read by `write_comparison`), NaN if it recorded none."""
+    interrupted: bool = False
+    """A signal to compare (or tune) stopped this job before its run completed."""
 
 
 def new_compare_id() -> str:
@@ -195,14 +197,18 @@ def make_compare_dir(out: Path, compare_id: str | None) -> Path:
     return root
 
 
-def run_jobs(jobs: list[Job], repeats: int, root: Path, label: str = "compare") -> list[Attempt]:
-    """Every (repeat, job) into `root`, interleaved; a failing job is recorded and the others still run."""
+def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Supervisor,
+             label: str = "compare") -> list[Attempt]:  # fmt: skip
+    """Every (repeat, job) into `root`, interleaved; a failing job is recorded and the others still run.
+    Once `supervisor` is interrupted the running job is stopped and recorded, and no other starts."""
     from benchmarks.run import recorder as results
 
     attempts: list[Attempt] = []
     total = repeats * len(jobs)
     for repeat in range(repeats):
         for job in jobs:
+            if supervisor.interrupted:
+                return attempts
             run_id = f"{job.run_prefix}-r{repeat}"
             cmd = job.command(root, run_id)
             name = job.variant.given or job.variant.name
@@ -215,34 +221,45 @@ def run_jobs(jobs: list[Job], repeats: int, root: Path, label: str = "compare") 
             env = {**os.environ, "OMP_NUM_THREADS": str(job.threads)}
             t0 = time.perf_counter()
             try:
-                attempt.returncode = subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env).returncode
+                attempt.returncode = supervisor.run(cmd, env, root / f"{run_id}.interrupted.log")
             except FileNotFoundError as exc:
                 print(f"[{label}] cannot start {name}: {exc}", file=sys.stderr)
                 attempt.returncode = 127
             attempt.job_wall_s = time.perf_counter() - t0
+            if supervisor.interrupted:
+                attempt.interrupted = processes.record_interrupted(
+                    root / run_id, supervisor.signal_name, f"distbench {label.split()[0]}"
+                )
             results.mark_abandoned(root / run_id, f"the job exited {attempt.returncode} before the run completed")
-            if attempt.returncode:
+            if attempt.interrupted:
+                print(f"[{label}] {name}{at} repeat {repeat + 1} interrupted", file=sys.stderr)
+            elif attempt.returncode:
                 print(f"[{label}] {name}{at} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
             attempts.append(attempt)
     return attempts
 
 
 def compare(jobs: list[Job], repeats: int, root: Path, scaling: str = WEAK, started: float | None = None) -> int:
-    """Run every (repeat, job) into `root`, write comparison.csv, print the tables; 0 only if all succeeded.
+    """Run every (repeat, job) into `root`, write comparison.csv, print the tables; 0 only if all succeeded,
+    130 when a signal stopped it (what completed is written all the same).
 
     `started` is when the command started (`time.perf_counter()`), so the checks before the jobs count
     in the wall time.
     """
     first_job = time.perf_counter()
     started = first_job if started is None else started
-    attempts = run_jobs(jobs, repeats, root)
-    t0 = time.perf_counter()
-    phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
-    print(write_comparison(root, attempts, jobs, scaling))
-    write_report(root)
-    phases["table and report"] = time.perf_counter() - t0
-    print(time_line(attempts, phases, time.perf_counter() - started))
-    print(root)
+    with processes.Supervisor(root) as supervisor:
+        attempts = run_jobs(jobs, repeats, root, supervisor)
+        t0 = time.perf_counter()
+        phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
+        print(write_comparison(root, attempts, jobs, scaling))
+        write_report(root)
+        phases["table and report"] = time.perf_counter() - t0
+        print(time_line(attempts, phases, time.perf_counter() - started))
+        print(root)
+        if supervisor.interrupted:
+            print(supervisor.closing_line(), file=sys.stderr)
+            return errors.EXIT_INTERRUPTED
     return 0 if all(a.returncode == 0 for a in attempts) else 1
 
 
@@ -254,8 +271,8 @@ def write_report(root: Path) -> None:
         if "\nWhy:\n" in summary:  # the report's plain-words reasons belong on the terminal too
             print(summary[summary.index("\nWhy:\n") + 1 :])
         print(f"report: {root / 'report' / 'report.html'}")
-    except FileNotFoundError as exc:  # no run completed: nothing to plot
-        print(f"[compare] no report: {exc}", file=sys.stderr)
+    except FileNotFoundError:  # no run completed: nothing to plot
+        print("[compare] no report: no run completed (comparison.csv says how each ended)", file=sys.stderr)
 
 
 def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) -> str:
@@ -299,7 +316,8 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
         }
         # Every statistic the analysis has (the table may use more than the CSV keeps), then the attempt's facts.
         rows.append({"run_key": str(run_dir), **stats, **dataclasses.asdict(a), **launch, "scaling": scaling,
-                     "command": " ".join(a.command), "status": "completed" if ok else "failed"})  # fmt: skip
+                     "command": " ".join(a.command),
+                     "status": "completed" if ok else "interrupted" if a.interrupted else "failed"})  # fmt: skip
     return pd.DataFrame(rows), rs
 
 

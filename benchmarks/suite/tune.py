@@ -25,6 +25,7 @@ import backends
 from benchmarks import config, errors
 from benchmarks.errors import InputError
 from benchmarks.suite import compare, variants
+from benchmarks.suite import jobs as processes
 from benchmarks.suite.variants import Job, Variant
 
 DEFAULT_GRID: dict[str, dict[str, list[Any]]] = {
@@ -159,21 +160,31 @@ def command(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{v.name} {len(points[v.name])} points" for v in chosen)
     print(f"distbench tune: sweep {sizes}, {args.tune_repeats} repeat(s) of {sweep_cfg.steps_per_epoch} steps; "
           f"then default and best with {args.repeats} repeats each; {nproc[0]} ranks", file=sys.stderr)  # fmt: skip
-    attempts = compare.run_jobs(sweep, args.tune_repeats, root / "sweep", label="tune sweep")
-    table = write_tune_csv(root, attempts, sweep, points)
-    best = {v.name: best_point(table, v.name, points[v.name]) for v in chosen}
-    final_jobs = []
-    for job in finals:
-        v, point = job.variant, best[job.variant.name]
-        final_jobs.append(dataclasses.replace(job, run_prefix=f"{v.slug}-default"))
-        if point is not None and knob_argv(own[v.backend], point) != job.knobs:
-            final_jobs.append(
-                dataclasses.replace(job, knobs=knob_argv(own[v.backend], point), run_prefix=f"{v.slug}-best")
-            )
-    final = compare.run_jobs(final_jobs, args.repeats, root / "final", label="tune final")
-    print(finish(root, final, final_jobs, best, chosen))
-    print(f"time: {time.perf_counter() - started:.1f} s wall; {len(attempts)} sweep runs, {len(final)} final runs")
-    print(root)
+    with processes.Supervisor(root) as supervisor:
+        attempts = compare.run_jobs(sweep, args.tune_repeats, root / "sweep", supervisor, label="tune sweep")
+        table = write_tune_csv(root, attempts, sweep, points)
+        final: list[compare.Attempt] = []
+        if supervisor.interrupted:
+            print("[tune] no report: interrupted during the sweep, before any final run (tune.csv has the sweep)",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            best = {v.name: best_point(table, v.name, points[v.name]) for v in chosen}
+            final_jobs = []
+            for job in finals:
+                v, point = job.variant, best[job.variant.name]
+                final_jobs.append(dataclasses.replace(job, run_prefix=f"{v.slug}-default"))
+                if point is not None and knob_argv(own[v.backend], point) != job.knobs:
+                    final_jobs.append(
+                        dataclasses.replace(job, knobs=knob_argv(own[v.backend], point), run_prefix=f"{v.slug}-best")
+                    )
+            final = compare.run_jobs(final_jobs, args.repeats, root / "final", supervisor, label="tune final")
+            if final:
+                print(finish(root, final, final_jobs, best, chosen))
+        print(f"time: {time.perf_counter() - started:.1f} s wall; {len(attempts)} sweep runs, {len(final)} final runs")
+        print(root)
+        if supervisor.interrupted:
+            print(supervisor.closing_line(), file=sys.stderr)
+            return errors.EXIT_INTERRUPTED
     return 0 if all(a.returncode == 0 for a in [*attempts, *final]) else 1
 
 
@@ -192,7 +203,8 @@ def write_tune_csv(root: Path, attempts: list[compare.Attempt], jobs: list[Job],
         facts = {c: row.get(c) for c in ("repeat", "run_id", "status", "samples_per_s", "timed_wall_s")}
         rows.append({"variant": variant.name, "backend": variant.backend, "point_index": index,
                      "point": describe_point(point), **point, **facts})  # fmt: skip
-    table = pd.DataFrame(rows)
+    columns = ["variant", "backend", "point_index", "point", "repeat", "run_id", "status", "samples_per_s"]
+    table = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)  # none: interrupted before the first
     ok = table.samples_per_s.where(table.status == "completed")
     for _, group in ok.groupby([table.variant, table.point], sort=False):
         mean, lo, hi = stats.log_ci(group.dropna())

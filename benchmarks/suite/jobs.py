@@ -1,0 +1,216 @@
+"""The jobs that compare, tune and allreduce --compare start, and how a signal stops them.
+
+Each job (a launcher command) starts in a session of its own, so a terminal's Ctrl-C reaches only this
+process, which decides what stops. On SIGINT or SIGTERM the running job's whole process tree gets the
+same signal, then SIGKILL after `GRACE_S`; no new job starts, and the command writes what completed.
+A second signal during that clean-up kills the tree and exits at once.
+
+The tree is followed through /proc rather than by one process group: torchrun and horovodrun put each
+rank in a session of its own and mpirun each rank in a group of its own, so the job's group alone holds
+only the launcher, and a launcher killed first leaves its ranks training on under init.
+
+Imported by the parser of every `distbench` process: no torch, no analysis stack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from benchmarks.errors import EXIT_INTERRUPTED
+
+GRACE_S = 5.0
+"""How long a job's processes get to record the interrupt and exit before SIGKILL (the launchers pass a
+signal on and wait for their ranks; a rank records its run as failed first)."""
+LEFTOVER_S = 2.0
+"""How long processes of a job that ended by itself may outlive its launcher before they are killed."""
+POLL_S = 0.25
+STARTUP_POLLS = 40
+"""Polls (10 s) during which the tree is looked at every time; then every 2 s, which costs the measured
+runs next to nothing (a look reads every /proc/<pid>/stat, ~2 ms)."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(parent pid, process group, start time) of a live process; None once it is gone (or a zombie)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    if fields[0] == "Z":
+        return None
+    return int(fields[1]), int(fields[2]), int(fields[19])
+
+
+class Tree:
+    """One job's processes: its launcher and everything it started, remembered while they are attached,
+    so that ranks whose launcher died first are still found (a pid is trusted only with its start time)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.known: dict[int, tuple[int, int]] = {}  # pid → (start time, process group)
+        self.refresh()
+
+    def refresh(self) -> None:
+        children: dict[int, list[int]] = {}
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+                stats[int(entry)] = stat
+                children.setdefault(stat[0], []).append(int(entry))
+        todo = [self.proc.pid, *self.known]
+        while todo:
+            pid = todo.pop()
+            stat = stats.get(pid)
+            if stat is None or self.known.get(pid, (stat[2],))[0] != stat[2]:
+                continue  # gone, or the pid now belongs to another process
+            if pid not in self.known:
+                self.known[pid] = (stat[2], stat[1])
+            todo += [c for c in children.get(pid, []) if c not in self.known]
+
+    def alive(self) -> list[int]:
+        return [pid for pid, (start, _) in self.known.items() if (s := _stat(pid)) is not None and s[2] == start]
+
+    def signal(self, signum: int) -> None:
+        """`signum` to every live process of the job and to the groups they lead (a rank's loader workers)."""
+        live = self.alive()
+        groups = {self.known[pid][1] for pid in live if self.known[pid][1] in live}
+        for pgid in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signum)
+        for pid in live:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signum)
+
+    def kill(self) -> None:
+        self.refresh()
+        self.signal(signal.SIGKILL)
+
+
+class Supervisor:
+    """SIGINT and SIGTERM handling for a command that runs jobs, one at a time (a context manager)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.signum: int | None = None
+        """The first stop signal received, None while none has been."""
+        self.tree: Tree | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> Supervisor:
+        self._old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._old.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum  # the job loop passes it on: this handler may run in the middle of it
+            return
+        if self.tree is not None:
+            self.tree.kill()
+        print(f"distbench: interrupted again; stopped at once, results in {self.root} may be incomplete",
+              file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(EXIT_INTERRUPTED)
+
+    def run(self, cmd: list[str], env: dict[str, str], log: Path) -> int:
+        """Run one job to its end and return its exit code; once interrupted, stop its whole tree.
+
+        The job's stderr is passed through until the interrupt; what it says after that (launchers'
+        tracebacks, ranks' failure lines) goes to the file `log` instead of the terminal.
+        """
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                start_new_session=True)  # fmt: skip
+        assert proc.stderr is not None
+        tree = self.tree = Tree(proc)
+        copier = threading.Thread(target=self._copy, args=(proc.stderr, log), daemon=True)
+        copier.start()
+        deadline: float | None = None
+        polls = 0
+        while True:
+            if self.signum is not None and deadline is None:
+                tree.refresh()  # before any process dies and leaves its children under init
+                tree.signal(self.signum)
+                deadline = time.monotonic() + GRACE_S
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=POLL_S)
+            polls += 1
+            if proc.returncode is not None:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                tree.kill()
+            elif polls < STARTUP_POLLS or polls % 8 == 0:  # processes appear at start-up: look often then
+                tree.refresh()
+        self._reap(tree, deadline)
+        self.tree = None
+        copier.join(timeout=GRACE_S)
+        return proc.returncode
+
+    def _reap(self, tree: Tree, deadline: float | None) -> None:
+        """Processes of the job that outlive its launcher: given until the deadline (or `LEFTOVER_S`), then killed."""
+        until = deadline if deadline is not None else time.monotonic() + LEFTOVER_S
+        while tree.alive() and time.monotonic() < until:
+            time.sleep(POLL_S)
+        if tree.alive():
+            tree.kill()
+
+    def _copy(self, stream: IO[bytes], path: Path) -> None:
+        log: IO[bytes] | None = None
+        try:
+            while chunk := os.read(stream.fileno(), 65536):
+                if self.signum is None:
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.flush()
+                    continue
+                if log is None:
+                    log = open(path, "ab")  # noqa: SIM115 (closed below)
+                log.write(chunk)
+        except (OSError, ValueError):
+            pass  # the terminal or the log went away: the job's output is not worth failing over
+        finally:
+            stream.close()
+            if log is not None:
+                log.close()
+
+    def closing_line(self) -> str:
+        """The last line an interrupted command prints."""
+        return f"distbench: interrupted; partial results in {self.root}"
+
+
+def record_interrupted(run_dir: Path, signame: str, command: str) -> bool:
+    """Mark a run that an interrupt stopped as failed, `interrupted`, whatever its ranks managed to record
+    (`running`, or a peer's lost connection); False for a run that completed meanwhile, which stays so."""
+    from benchmarks.run import recorder
+
+    path = run_dir / recorder.RUN_JSON
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return True  # stopped before rank 0 wrote anything
+    if meta.get("status") == "completed":
+        return False
+    said = meta.get("error")
+    seen = {"rank_error": said} if said and not str(said).startswith("interrupted") else {}
+    recorder.write_json_atomic(path, {**meta, **seen, "status": "failed", "interrupted": True,
+                                      "error": f"interrupted: {signame} to {command} stopped the job"})  # fmt: skip
+    return True
