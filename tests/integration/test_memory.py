@@ -28,7 +28,7 @@ def test_two_ranks_record_memory_and_see_a_known_allocation(tmp_path) -> None:
         assert tuple(summary.columns) == results.SUMMARY_COLUMNS
         summaries[run_id] = summary.iloc[0]
         meta = json.loads((run_dir / results.RUN_JSON).read_text())
-        assert meta["schema_version"] == 3
+        assert meta["schema_version"] == results.SCHEMA_VERSION
         per_rank = meta["memory"]["per_rank"]
         assert [m["rank"] for m in per_rank] == [0, 1]
         assert summaries[run_id]["peak_rss_mb_max"] == max(m["peak_rss_mb"] for m in per_rank)

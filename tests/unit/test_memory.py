@@ -74,6 +74,19 @@ def test_without_a_reset_the_peak_is_the_lifetime_one_and_says_so() -> None:
     assert abs(late["training_rss_mb"] - 3 * BALLAST_MB) < TOLERANCE_MB, late
 
 
+def test_on_cuda_the_peaks_come_from_a_reset_when_the_meter_starts(monkeypatch) -> None:
+    """No GPU needed: torch.cuda's counters stood in for, to show what is reset when and read in MiB."""
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(f"reset {device}"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: calls.append("allocated") or 300 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: calls.append("reserved") or 512 * 2**20)
+    meter = memory.Meter(torch.device("cuda", 1))
+    assert calls == ["reset cuda:1"]
+    reading = meter.read()
+    assert (reading["cuda_max_allocated_mb"], reading["cuda_max_reserved_mb"]) == (300.0, 512.0)
+    assert calls == ["reset cuda:1", "allocated", "reserved"]
+
+
 # --- summary.csv --------------------------------------------------------------------------------
 
 META = {"run_id": "r", "backend": "ddp", "world_size": 2, "workload": "mlp", "global_batch": 64}
