@@ -1,5 +1,7 @@
 """`compare --precision P --max-repeats N` (and tune's final stage): a two-stage compare.
 
+Imported by the parser of every `distbench` process: the analysis stack is imported only when used.
+
 The pilot (`--repeats`, at least 3, interleaved as always) measures the run-to-run spread; from that
 spread alone — never from a ratio, so the verdict cannot steer it — `analysis.decision.planned_repeats`
 says how many runs of each variant every ratio's 95 % interval needs to be within ±P of it; the missing
@@ -17,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.analysis import stats
 from benchmarks.errors import InputError
 
 DEFAULT_MAX_REPEATS = 30
@@ -45,6 +46,7 @@ def check(args: argparse.Namespace) -> None:
     """Bad input before anything starts."""
     if args.precision is None:
         return
+    from benchmarks.analysis import stats  # scipy: only when --precision is given, never for the parser
     if not 0 < args.precision < 1:
         raise InputError(f"--precision is a relative half-width between 0 and 1, e.g. 0.05; got {args.precision}")
     if args.repeats < stats.MIN_RUNS:
