@@ -21,6 +21,9 @@ def _opt(default: Any, help: str, shown: str | None = None, **extra: Any) -> Any
     return field(default=default, metadata={"help": help, "shown": shown, **extra})
 
 
+VAL_STRATEGIES = ("exact", "sampler", "replicated", "rank0")
+"""`--val-strategy`'s values; `benchmarks.run.validation` says what each evaluates."""
+
 WORKLOAD_DEFAULT = "the workload's"
 """`shown` of an option whose None is filled in per workload (benchmarks.catalog.defaults_for)."""
 
@@ -70,6 +73,20 @@ class RunConfig:
         False, "after training, trace --trace-steps more steps: Horovod timeline, torch.profiler for the others"
     )
     trace_steps: int = _opt(5, "steps traced with --trace (after every recorded number, so none is perturbed)")
+    val_strategy: str = _opt(
+        "exact",
+        "how validation is split over the ranks: exact (every sample once, sums reduced), sampler "
+        "(DistributedSampler's padded shards, each rank's mean averaged), replicated (every rank evaluates the "
+        "whole set), rank0 (rank 0 alone, the others wait); compare takes a list, e.g. exact,sampler "
+        "(docs/evaluation.md)",
+    )
+    eval_only: bool = _opt(
+        False, "no training: time --eval-repeats validations of the model as built (or after --eval-train-steps)"
+    )
+    eval_train_steps: int = _opt(
+        0, "with --eval-only: untimed, unrecorded training steps first, so BatchNorm statistics are realistic"
+    )
+    eval_repeats: int = _opt(5, "with --eval-only: timed validation passes over the validation set")
     flush_every: int = _opt(100, "gather per-rank rows to rank 0 every N steps (off the timed path)")
     accumulate: int = _opt(1, "micro-batches per optimizer step: DDP no_sync, Horovod backward_passes_per_step")
     fp16_allreduce: bool = _opt(False, "fp16 gradient compression: DDP fp16_compress_hook, Horovod Compression.fp16")

@@ -4,7 +4,8 @@ Checks: run.json parses, has a known `schema_version`, the required keys and a s
 `running` by a dead process is reported); every CSV has the contract's header, whole lines (a
 truncated last line is caught), values of the right type, no duplicate (rank, epoch, step), steps in
 order per rank; and for a completed run, `summary.csv` has one row whose throughput is recomputable
-from the timing rows, and (schema 3) whose memory columns are ranges of MiB.
+from the timing rows, (schema 3) whose memory columns are ranges of MiB, and (schema 4) whose validation
+time and throughput are recomputable from loss.csv's `val` rows (`validation_problems`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchmarks import config
 from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
@@ -102,12 +104,22 @@ def frame_problems(path: Path, frame: pd.DataFrame, columns: tuple[str, ...], me
     else:
         problems += _lines(path, ~frame["split"].isin(["train", "val"]), "split is not train or val")
         problems += _lines(path, _numeric(frame["loss"]).isna(), "loss is not a number")
-        problems += _lines(path, frame.duplicated(["split", "epoch", "step"]), "duplicate (split, epoch, step)")
+        repeat = ["val_pass"] if "val_pass" in frame else []  # schema 4: --eval-only's passes share a step
+        key = ["split", "epoch", "step", *repeat]
+        problems += _lines(path, frame.duplicated(key), f"duplicate ({', '.join(key)})")
+        if repeat:
+            val = frame["split"] == "val"
+            seconds = _numeric(frame["val_s"])
+            problems += _lines(path, val & ~(seconds > 0), "a val row's val_s is not a positive number")
     return problems
 
 
 def summary_problems(
-    path: Path, summary: pd.DataFrame, timing: pd.DataFrame | None, schema: int = results.SCHEMA_VERSION
+    path: Path,
+    summary: pd.DataFrame,
+    timing: pd.DataFrame | None,
+    schema: int = results.SCHEMA_VERSION,
+    loss: pd.DataFrame | None = None,
 ) -> list[Problem]:
     if tuple(summary.columns) != results.SUMMARY_COLUMNS_OF.get(schema, results.SUMMARY_COLUMNS):
         return [Problem(path, 1, f"header differs from the contract of schema_version {schema}")]
@@ -115,6 +127,8 @@ def summary_problems(
         return [Problem(path, None, f"{len(summary)} rows; expected exactly one")]
     row = summary.iloc[0]
     problems = memory_problems(path, row) if schema >= 3 else []
+    if schema >= 4:
+        problems += validation_problems(path, row, loss)
     if timing is None or not pd.notna(row["samples_per_s"]):
         return problems
     timed = timing[timing["warmup"].astype(str) == "False"]
@@ -133,6 +147,35 @@ def summary_problems(
     if "compute_s" in row and pd.notna(row["compute_s"]):
         if not np.isclose(row["step_p50_s"] - row["compute_s"], row["exposed_comm_s"], rtol=1e-6, atol=1e-12):
             problems.append(Problem(path, 2, "exposed_comm_s is not step_p50_s − compute_s"))
+    return problems
+
+
+def validation_problems(path: Path, row: pd.Series, loss: pd.DataFrame | None) -> list[Problem]:
+    """Schema 4: `val_s` is the median of loss.csv's `val` rows' times, `val_samples_per_s` the set's size ÷
+    it, the strategy a known one, and the samples evaluated minus the duplicates the set's size."""
+    problems = []
+    if pd.notna(row["val_strategy"]) and row["val_strategy"] not in config.VAL_STRATEGIES:
+        problems.append(Problem(path, 2, f"val_strategy {row['val_strategy']!r} is not one of "
+                                         f"{', '.join(config.VAL_STRATEGIES)}"))  # fmt: skip
+    if loss is None or "val_s" not in loss:
+        return problems
+    val = loss[loss["split"] == "val"]
+    times = _numeric(val["val_s"]).dropna()
+    if row["val_passes"] != len(times):
+        problems.append(
+            Problem(path, 2, f"val_passes {row['val_passes']} but loss.csv has {len(times)} timed val rows")
+        )
+    if not len(times):
+        return problems
+    if not np.isclose(times.median(), row["val_s"], rtol=1e-6):
+        problems.append(Problem(path, 2, f"val_s {row['val_s']:.6g} but loss.csv's val rows give {times.median():.6g}"))
+    size = _numeric(val["samples"]).iloc[-1]
+    if not np.isclose(size / row["val_s"], row["val_samples_per_s"], rtol=1e-6):
+        problems.append(Problem(path, 2, f"val_samples_per_s {row['val_samples_per_s']:.6g} is not the set's "
+                                         f"{size:g} samples ÷ val_s"))  # fmt: skip
+    if pd.notna(row["val_samples"]) and row["val_samples"] - row["val_duplicates"] != size:
+        problems.append(Problem(path, 2, f"val_samples {row['val_samples']} − val_duplicates {row['val_duplicates']} "
+                                         f"is not the set's {size:g} samples"))  # fmt: skip
     return problems
 
 
@@ -172,7 +215,9 @@ def check_frames(
 ) -> list[Problem]:
     """Problems in already-parsed CSVs (`report` parses each file once and checks it here)."""
     problems: list[Problem] = []
-    columns = {results.TIMING_CSV: results.TIMING_COLUMNS, results.LOSS_CSV: results.LOSS_COLUMNS}
+    schema = meta.get("schema_version", results.SCHEMA_VERSION)
+    loss_columns = results.LOSS_COLUMNS_OF.get(schema, results.LOSS_COLUMNS)
+    columns = {results.TIMING_CSV: results.TIMING_COLUMNS, results.LOSS_CSV: loss_columns}
     for name, cols in columns.items():
         frame, read = frames[name]
         problems += read
@@ -182,9 +227,8 @@ def check_frames(
     if meta.get("status") == "completed":
         problems += read
         if summary is not None:
-            timing = frames[results.TIMING_CSV][0]
-            schema = meta.get("schema_version", results.SCHEMA_VERSION)
-            problems += summary_problems(run_dir / results.SUMMARY_CSV, summary, timing, schema)
+            timing, loss = frames[results.TIMING_CSV][0], frames[results.LOSS_CSV][0]
+            problems += summary_problems(run_dir / results.SUMMARY_CSV, summary, timing, schema, loss)
     return problems
 
 

@@ -34,11 +34,14 @@ JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copie
 DIED = "status running but its process is gone (the job died)"
 NUMERIC = {
     results.TIMING_CSV: ("world_size", "rank", "epoch", "step", "samples", *check.SECONDS),
-    results.LOSS_CSV: ("world_size", "epoch", "step", "loss", "accuracy", "samples"),
+    results.LOSS_CSV: ("world_size", "epoch", "step", "loss", "accuracy", "samples", *results.VAL_LOSS_COLUMNS),
 }
 CONFIG_SKIPPED = ("out", "run_id", "quiet")  # where a run was written says nothing about what it measured
 MEMORY_COLUMNS = results.MEMORY_COLUMNS
 """summary.csv's memory columns (schema 3), copied onto each run's row; NaN for older runs."""
+VALIDATION_COLUMNS = results.VALIDATION_COLUMNS
+"""summary.csv's validation columns (schema 4), copied onto each run's row; NaN for older runs, but
+`val_strategy` (`exact`: the only validation there was) and `eval_only` (False)."""
 
 
 class SchemaError(ValueError):
@@ -93,14 +96,28 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     optimizer = meta.get("optimizer")
     row["optimizer"] = ", ".join(f"{k}={v}" for k, v in optimizer.items()) if isinstance(optimizer, dict) else optimizer
     row["path"] = str(run_dir)
-    row["variant"] = run_variant(meta)
+    row["val_strategy"], row["eval_only"] = strategy_of(meta), bool(meta.get("eval_only"))
+    row["variant"] = with_strategy(run_variant(meta), row["val_strategy"])
     return row
 
 
 def memory_row(summary: pd.DataFrame | None) -> dict[str, Any]:
-    """A run's memory columns from its summary.csv: NaN when it has none (schema 1 and 2, no summary)."""
+    """A run's memory and validation columns from its summary.csv: NaN when it has none (before schemas 3
+    and 4, no summary), but the strategy and eval_only, which older runs had only one of."""
     known = summary is not None and len(summary) == 1
-    return {c: summary[c].iloc[0] if known and c in summary else np.nan for c in MEMORY_COLUMNS}
+    return {c: summary[c].iloc[0] if known and c in summary else np.nan for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS)}
+
+
+def strategy_of(meta: dict[str, Any]) -> str:
+    """The run's --val-strategy: `exact` for runs from before there was a choice."""
+    strategy = (meta.get("validation") or {}).get("strategy") or (meta.get("config") or {}).get("val_strategy")
+    return str(strategy or "exact")
+
+
+def with_strategy(name: str, strategy: object) -> str:
+    """A variant's or backend's name for the tables, with its validation strategy unless `exact`: runs of
+    different strategies are different rows, never pooled (`ddp@torchrun (val sampler)`)."""
+    return name if strategy in (None, "exact") or strategy != strategy else f"{name} (val {strategy})"
 
 
 def run_variant(meta: dict[str, Any]) -> str:
@@ -129,7 +146,9 @@ def _compare_order(runs: pd.DataFrame) -> pd.DataFrame:
     runs = runs.assign(scaling=runs["run_key"].map(lambda k: scaling.get(str(k))))
     if not rank:
         return runs
-    named = zip(runs["variant"].astype(str), runs["backend"].astype(str), strict=True)
+    # A strategy's rows follow their variant's (comparison.csv names the variant alone).
+    plain = runs["variant"].astype(str).str.split(" (val ", n=1, regex=False).str[0]
+    named = zip(plain, runs["backend"].astype(str), strict=True)
     order = pd.Series([rank.get(v, rank.get(b, len(rank))) for v, b in named], index=runs.index)
     return runs.iloc[order.argsort(kind="stable")].reset_index(drop=True)
 
@@ -163,7 +182,7 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
             meta.update(status="failed", error=meta.get("error") or DIED)
         frames = check.read_frames(run_dir)
         problems += check.check_frames(run_dir, meta, frames)
-        row = {**run_row(run_dir, meta), **memory_row(frames[results.SUMMARY_CSV][0])}
+        row = {**memory_row(frames[results.SUMMARY_CSV][0]), **run_row(run_dir, meta)}
         if not include_failed and (meta["status"] != "completed" or problems):
             if meta.get("error") == DIED:
                 why = DIED

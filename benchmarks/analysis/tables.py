@@ -13,7 +13,7 @@ import pandas as pd
 from backends import ONE_PROCESS
 from benchmarks.analysis import stats
 from benchmarks.analysis.agreement import Agreement, loss_agreement, setup_words
-from benchmarks.analysis.load import MEMORY_COLUMNS, RunSet
+from benchmarks.analysis.load import MEMORY_COLUMNS, VALIDATION_COLUMNS, RunSet, with_strategy
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
@@ -30,6 +30,8 @@ RANGE_COLUMNS = ("peak_rss_mb_min", "peak_rss_mb_max", "training_rss_mb_max", "c
 """The memory columns the per-backend table carries: the range over ranks of each run, averaged over runs."""
 PLAN = ("oversubscribed", "cpus", "scaling")
 """run.json's `oversubscribed` (more local ranks than cores) and `cpus`, and compare's scaling mode."""
+VALIDATION_KEYS = ("val_strategy", "eval_only")
+"""What a left-out run keeps of its validation: its strategy keeps it on its own row."""
 NO_LOSS = {"final_train_loss": np.nan, "final_val_loss": np.nan, "final_val_accuracy": np.nan}
 
 
@@ -117,16 +119,19 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
             "step_p50_s": q.loc[key, 0.5] if has_q else np.nan, "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
             "step_p95_s": q.loc[key, 0.95] if has_q else np.nan, "step_p99_s": q.loc[key, 0.99] if has_q else np.nan,
             "rank_skew": skew.get(key, np.nan), **final.get(key, NO_LOSS),
-            **{c: run.get(c, np.nan) for c in MEMORY_COLUMNS},
+            **{c: run.get(c, np.nan) for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS)},
             "warning": run_warning(n_steps, wall if wall is not None else np.nan), "error": run.get("error"),
         })  # fmt: skip
     for run in rs.left_out.to_dict("records"):
         launch = dict(zip(LAUNCH, _launch(run), strict=True))
         rows.append({**{c: run.get(c) for c in ("run_key", "run_id", "backend", "variant")}, **launch,
-                     **{c: run.get(c) for c in (*SETUP, "status", "error", *PLAN)}})  # fmt: skip
+                     **{c: run.get(c) for c in (*SETUP, "status", "error", *PLAN, *VALIDATION_KEYS)}})  # fmt: skip
     per_run = pd.DataFrame(rows)
     if len(per_run):
         per_run["backend"] = _split_launchers(per_run)
+        if "val_strategy" in per_run:  # each strategy its own row (the variant says it already)
+            named = zip(per_run["backend"], per_run["val_strategy"], strict=True)
+            per_run["backend"] = [with_strategy(b, s) for b, s in named]
     return per_run
 
 

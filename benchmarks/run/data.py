@@ -8,7 +8,7 @@ against the indices the trainer asks for, so the two give the same samples at th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -136,11 +136,20 @@ class TrainFeed(Feed):
 
 
 class ValFeed(Feed):
-    """Validation: this rank's exact strided shard (`sharding.val_indices`), in batches."""
+    """Validation: this rank's exact strided shard (`sharding.val_indices`), or the `indices` a
+    --val-strategy gives it (`validation.shard`), in batches."""
 
-    def __init__(self, data: Any, cfg: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        data: Any,
+        cfg: RunConfig,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        indices: Sequence[int] | None = None,
+    ) -> None:
         super().__init__(data, cfg, device)
-        mine = sharding.val_indices(size(data), rank, world_size)
+        mine = sharding.val_indices(size(data), rank, world_size) if indices is None else indices
         self.batches = sharding.chunks(mine, cfg.batch_size)
         self.loader = None if self.tensors is not None else self._loader(_Batches(self.batches, len(self.batches)))
 

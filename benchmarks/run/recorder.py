@@ -23,8 +23,8 @@ import numpy as np
 
 from benchmarks.run import guard
 
-SCHEMA_VERSION = 3
-KNOWN_SCHEMAS = frozenset({1, 2, 3})
+SCHEMA_VERSION = 4
+KNOWN_SCHEMAS = frozenset({1, 2, 3, 4})
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
 FINISH_LOCK_WAIT_S = 5.0
 
@@ -32,7 +32,13 @@ TIMING_COLUMNS = (
     "run_id", "backend", "world_size", "rank", "epoch", "step", "warmup",
     "samples", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s",
 )  # fmt: skip
-LOSS_COLUMNS = ("run_id", "backend", "world_size", "epoch", "step", "split", "loss", "accuracy", "samples")
+VAL_LOSS_COLUMNS = ("val_pass", "val_s", "val_samples_per_s", "val_exact_loss")
+"""loss.csv's validation columns (schema 4; empty on `train` rows): benchmarks.run.validation."""
+LOSS_COLUMNS = (
+    "run_id", "backend", "world_size", "epoch", "step", "split", "loss", "accuracy", "samples", *VAL_LOSS_COLUMNS,
+)  # fmt: skip
+LOSS_COLUMNS_OF = {**dict.fromkeys((1, 2, 3), LOSS_COLUMNS[: LOSS_COLUMNS.index(VAL_LOSS_COLUMNS[0])]), 4: LOSS_COLUMNS}
+"""loss.csv's header by run.json schema_version: version 4 added the validation's time."""
 MEMORY_MEASURES = ("peak_rss_mb", "training_rss_mb", "rss_before_model_mb", "cuda_max_allocated_mb",
                    "cuda_max_reserved_mb")  # fmt: skip
 """Each rank's numbers (benchmarks.run.memory, MiB); summary.csv has each one's smallest and largest rank."""
@@ -44,18 +50,25 @@ MEMORY_COLUMNS = (
 PEAK_FROM_MODEL_BUILD, PEAK_FROM_PROCESS_START = "model_build", "process_start"
 """`peak_rss_from`'s values: the RSS high-water mark was reset just before the model was built, or could not
 be and is the process's lifetime peak."""
+VALIDATION_COLUMNS = ("val_strategy", "eval_only", "val_passes", "val_s", "val_samples_per_s", "val_samples",
+                      "val_duplicates", "final_val_exact_loss")  # fmt: skip
+"""summary.csv's validation columns (schema 4): the strategy, the median validation time (slowest rank)
+and the throughput over the set, the samples each validation evaluated over all ranks and how many of
+them were duplicates, and the exact loss of the last validation's model."""
 SUMMARY_COLUMNS = (
     "run_id", "backend", "world_size", "workload", "global_batch", "timed_steps", "samples_per_s",
     "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
     "final_val_accuracy", "wall_s", "compute_s", "exposed_comm_s", "exposed_comm_share", *MEMORY_COLUMNS,
+    *VALIDATION_COLUMNS,
 )  # fmt: skip
 SUMMARY_COLUMNS_OF = {
     1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("compute_s")],
     2: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index(MEMORY_COLUMNS[0])],
-    3: SUMMARY_COLUMNS,
+    3: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index(VALIDATION_COLUMNS[0])],
+    4: SUMMARY_COLUMNS,
 }
 """summary.csv's header by run.json schema_version: version 2 added the step breakdown at the end,
-version 3 the memory columns."""
+version 3 the memory columns, version 4 the validation's."""
 
 
 class ResultsWriteError(OSError):
@@ -95,6 +108,7 @@ class Recorder:
         self._slowest: dict[int, float] = defaultdict(float)
         self._timed_samples = 0
         self._last: dict[str, dict[str, Any]] = {}
+        self._val_s: list[float] = []
         run_dir.mkdir(parents=True, exist_ok=False)
         write_json_atomic(run_dir / RUN_JSON, self.meta)
         for name, columns in ((TIMING_CSV, TIMING_COLUMNS), (LOSS_CSV, LOSS_COLUMNS)):
@@ -132,6 +146,8 @@ class Recorder:
         self._append(LOSS_CSV, LOSS_COLUMNS, rows)
         for row in rows:
             self._last[row["split"]] = row
+            if row["split"] == "val" and row.get("val_s") is not None:
+                self._val_s.append(row["val_s"])
 
     def memory(self, per_rank: Sequence[dict[str, Any]]) -> None:
         """Every rank's memory reading (benchmarks.run.memory), in rank order: run.json `memory`."""
@@ -144,7 +160,9 @@ class Recorder:
         """
         slowest = list(self._slowest.values())
         memory = self.meta.get("memory", {}).get("per_rank", [])
-        row = summary_row(self.meta, slowest, self._timed_samples, self._last, timed_wall_s, compute_step_s, memory)
+        row = summary_row(
+            self.meta, slowest, self._timed_samples, self._last, timed_wall_s, compute_step_s, memory, self._val_s
+        )
         self._append(SUMMARY_CSV, SUMMARY_COLUMNS, [row], header=True)
         return row
 
@@ -188,9 +206,11 @@ def summary_row(
     timed_wall_s: float,
     compute_step_s: Sequence[float] = (),
     memory: Sequence[dict[str, Any]] = (),
+    val_s: Sequence[float] = (),
 ) -> dict[str, Any]:
     """summary.csv's row from the slowest rank's time of each timed step, the last train/val rows and
-    each rank's memory reading (empty columns without one; the CUDA ones are empty on CPU).
+    each rank's memory reading (empty columns without one; the CUDA ones are empty on CPU), and each
+    validation's time (its slowest rank's), whose median is `val_s`.
 
     The breakdown, in medians (a few slow steps among ten baseline steps would move a mean far):
     `compute_s`, the median compute-baseline step (the same work with no gradient communication), and
@@ -225,6 +245,25 @@ def summary_row(
         "exposed_comm_s": exposed,
         "exposed_comm_share": exposed / step if exposed is not None and step else None,
         **memory_range(memory),
+        **validation_summary(meta, val, val_s),
+    }
+
+
+def validation_summary(meta: dict[str, Any], last_val: dict[str, Any], val_s: Sequence[float]) -> dict[str, Any]:
+    """summary.csv's validation columns from run.json `validation` and `eval_only`, the last `val` row and
+    every validation's time. A median, as for steps: one descheduled validation would move a mean far."""
+    described = meta.get("validation") or {}
+    median = float(np.median(val_s)) if len(val_s) else None
+    samples = last_val.get("samples")  # the validation set's size
+    return {
+        "val_strategy": described.get("strategy"),
+        "eval_only": bool(meta.get("eval_only")),
+        "val_passes": len(val_s),
+        "val_s": median,
+        "val_samples_per_s": samples / median if median and samples else None,
+        "val_samples": described.get("samples"),
+        "val_duplicates": described.get("duplicates"),
+        "final_val_exact_loss": last_val.get("val_exact_loss"),
     }
 
 

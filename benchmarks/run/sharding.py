@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -82,5 +82,5 @@ def val_indices(num_samples: int, rank: int, world_size: int) -> range:
     return range(rank, num_samples, world_size)
 
 
-def chunks(indices: range | list[int], size: int) -> list[list[int]]:
+def chunks(indices: Sequence[int], size: int) -> list[list[int]]:
     return [list(indices[i : i + size]) for i in range(0, len(indices), size)]

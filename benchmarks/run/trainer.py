@@ -14,33 +14,11 @@ from torch import nn
 
 from backends.base import Backend
 from benchmarks.config import RunConfig
-from benchmarks.run import data, faults, guard, memory, phases, progress, sharding, workloads
+from benchmarks.run import data, faults, guard, memory, phases, progress, sharding, validation, workloads
 from benchmarks.run import recorder as results
+from benchmarks.run.validation import VALIDATION_BUFFERS, average_buffers
 
-VALIDATION_BUFFERS = "mean over ranks of floating-point buffers before each validation; training continues with it"
-"""What `validate` evaluates, recorded in run.json: BatchNorm running statistics differ per rank (Horovod
-never syncs buffers; DDP's last forward updates them locally), so they are made equal first."""
-
-
-def average_buffers(backend: Backend, model: nn.Module) -> None:
-    """Set every floating-point buffer to its mean over ranks; one already equal everywhere keeps its bits.
-
-    The mean is kept for training, so every rank carries on from the model that was evaluated. For
-    running statistics (linear updates) that changes no later mean; DDP broadcasts rank 0's, now the mean.
-    """
-    buffers = [b for b in model.buffers() if b.is_floating_point()]
-    if not buffers or backend.world_size == 1:
-        return
-    flat = torch.cat([b.detach().reshape(-1).double() for b in buffers])
-    total = backend.all_reduce(flat.clone(), "sum")
-    high = backend.all_reduce(flat.clone(), "max")
-    low = -backend.all_reduce(-flat, "max")
-    # An equal buffer (a constant mask, say) stays bit-exact: sum / world size may round it.
-    mean = torch.where(high == low, flat, total / backend.world_size)
-    offset = 0
-    for buffer in buffers:
-        buffer.copy_(mean[offset : offset + buffer.numel()].view_as(buffer))
-        offset += buffer.numel()
+__all__ = ["VALIDATION_BUFFERS", "Trainer", "average_buffers", "make_optimizer"]
 
 
 BASELINE_WARMUP_STEPS = 2
@@ -95,7 +73,7 @@ class Trainer:
         self.optimizer_meta = describe_optimizer(optimizer)
         self.model, self.optimizer = backend.prepare(self.raw_model, optimizer)
         self.train_feed = data.TrainFeed(workload.train, cfg, backend.rank, backend.world_size, self.device)
-        self.val_feed = data.ValFeed(workload.val, cfg, backend.rank, backend.world_size, self.device)
+        self.validation = validation.Validation(backend, workload, cfg, self._beat)
         self.pending: list[dict[str, Any]] = []
         self.timer = phases.timer_for(self.device)
         """Times each step's phases: CUDA events on a GPU (one synchronisation per step), perf_counter on CPU."""
@@ -217,28 +195,9 @@ class Trainer:
         if self.progress is not None and losses:
             self.progress.set_postfix(loss=f"{losses[-1]['loss']:.4f}")
 
-    @torch.no_grad()
     def validate(self, epoch: int) -> dict[str, Any]:
-        """Exact distributed validation: every sample once; sums and counts reduced, not averages."""
-        average_buffers(self.backend, self.raw_model)  # one model on every rank, not one per rank
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct sum, count
-        self.raw_model.eval()  # the unwrapped model: DDP's forward would broadcast buffers
-        for batch, (x, y) in self.val_feed:
-            out = self.raw_model(x)
-            totals[0] += self.workload.loss(out, y).double().sum()
-            if self.workload.correct is not None:
-                totals[1] += self.workload.correct(out, y).double().sum()
-            totals[2] += len(batch)
-            self._beat()
-        self.raw_model.train()
-        loss_sum, correct_sum, count = self.backend.all_reduce(totals, "sum").tolist()
-        meta = self.recorder.meta if self.recorder else {}
-        return {
-            "run_id": meta.get("run_id"), "backend": meta.get("backend"), "world_size": meta.get("world_size"),
-            "epoch": epoch, "step": self.global_step, "split": "val", "loss": loss_sum / count,
-            "accuracy": correct_sum / count if self.workload.correct is not None else None,
-            "samples": int(count),
-        }  # fmt: skip
+        """One timed validation under --val-strategy (benchmarks.run.validation); its loss.csv row."""
+        return self.validation.run(self.raw_model, epoch, self.global_step, self.recorder)
 
     def _longest_window(self, seconds: float) -> float:
         """The longest of the ranks' timed windows (gathers left out), each on its own clock.
@@ -291,6 +250,8 @@ class Trainer:
 
     def fit(self) -> None:
         cfg = self.cfg
+        if cfg.eval_only:
+            return validation.evaluate_only(self)
         plan = [self.steps_in_epoch(epoch) for epoch in range(cfg.epochs)]
         self.progress = progress.progress(
             sum(map(len, plan)), f"{self.backend.name} {self.workload.name}",
@@ -333,7 +294,7 @@ class Trainer:
             if self.recorder is not None:
                 self.recorder.meta["trace"] = traced
         self.train_feed.close()
-        self.val_feed.close()
+        self.validation.close()
         # Leave together. With DDP the gloo process group outlives destroy_process_group (DDP keeps it and
         # its threads until exit) and, under mpirun, MPI_Finalize makes every rank exit at the same moment;
         # no rank may then still be inside the last collective while a peer tears its sockets down.

@@ -6,6 +6,8 @@ any starts, so the same rule refuses the same input everywhere.
 
 from __future__ import annotations
 
+import dataclasses
+
 import backends
 from benchmarks import catalog, config
 from benchmarks.config import RunConfig
@@ -36,11 +38,12 @@ def validate(backend: str, cfg: RunConfig) -> None:
         raise InputError(f"--workers must be >= 0 (0 loads in the training process), got {cfg.workers}")
     if cfg.prefetch_factor < 1:
         raise InputError(f"--prefetch-factor must be a positive integer, got {cfg.prefetch_factor}")
+    check_validation(cfg)
     try:
         catalog.parse(cfg.workload)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
-    if cfg.steps_per_epoch is not None and cfg.epochs * cfg.steps_per_epoch <= cfg.warmup_steps:
+    if not cfg.eval_only and cfg.steps_per_epoch is not None and cfg.epochs * cfg.steps_per_epoch <= cfg.warmup_steps:
         raise config.no_timed_steps(cfg, cfg.steps_per_epoch)
     if cfg.inject_fault:
         try:
@@ -52,3 +55,33 @@ def validate(backend: str, cfg: RunConfig) -> None:
 
         if not torch.cuda.is_available():
             raise InputError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
+
+
+TRAINING_ONLY = {"accumulate": 1, "fp16_allreduce": False, "trace": False}
+"""Options --eval-only cannot apply (nothing is trained or traced), with the value that means "not given"."""
+
+
+def check_validation(cfg: RunConfig) -> None:
+    """--val-strategy, and --eval-only with the options that go with it and those that cannot."""
+    if cfg.val_strategy not in config.VAL_STRATEGIES:
+        listed = "; compare takes a comma-separated list, run one" if "," in cfg.val_strategy else ""
+        known = ", ".join(config.VAL_STRATEGIES)
+        raise InputError(f"--val-strategy {cfg.val_strategy!r} is not one of {known}{listed}")
+    if cfg.eval_repeats < 1:
+        raise InputError(f"--eval-repeats must be a positive integer, got {cfg.eval_repeats}")
+    if cfg.eval_train_steps < 0:
+        raise InputError(
+            f"--eval-train-steps must be >= 0 (0 evaluates the model as built), got {cfg.eval_train_steps}"
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    if not cfg.eval_only:
+        given = [n for n in ("eval_train_steps", "eval_repeats") if getattr(cfg, n) != defaults[n]]
+        if given:
+            raise InputError(f"{config.flag(given[0])} applies only with --eval-only; add --eval-only or leave it out")
+        return
+    for name, unset in TRAINING_ONLY.items():
+        if getattr(cfg, name) != unset:
+            raise InputError(
+                f"{config.flag(name)} cannot apply with --eval-only (nothing is trained); "
+                "leave it out or drop --eval-only"
+            )

@@ -80,6 +80,8 @@ def test_a_schema_1_run_still_passes_check(single_run: Path, tmp_path: Path) -> 
     shutil.copytree(single_run, run_dir)
     summary = pd.read_csv(run_dir / results.SUMMARY_CSV)
     summary[list(results.SUMMARY_COLUMNS_OF[1])].to_csv(run_dir / results.SUMMARY_CSV, index=False)
+    loss = pd.read_csv(run_dir / results.LOSS_CSV)  # and loss.csv ends at `samples` before schema 4
+    loss[list(results.LOSS_COLUMNS_OF[1])].to_csv(run_dir / results.LOSS_CSV, index=False)
     meta = json.loads((run_dir / results.RUN_JSON).read_text())
     (run_dir / results.RUN_JSON).write_text(json.dumps({**meta, "schema_version": 1}))
     assert not check.check_run(run_dir)

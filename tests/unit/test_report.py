@@ -50,7 +50,8 @@ def make_run(
     ]  # fmt: skip
     loss += [
         {"run_id": run_id, "backend": backend, "world_size": world, "epoch": 1, "step": len(step_s[0]),
-         "split": "val", "loss": v, "accuracy": 0.5, "samples": 100}
+         "split": "val", "loss": v, "accuracy": 0.5, "samples": 100, "val_pass": 1, "val_s": 0.01,
+         "val_samples_per_s": 100 / 0.01, "val_exact_loss": v}
         for v in val or []
     ]  # fmt: skip
     rec.timing(timing)

@@ -1,0 +1,218 @@
+"""Distributed validation (issue 20): what each --val-strategy evaluates and reports, its time in loss.csv
+and summary.csv (schema 4), their check, and its bad input. In-process: the shards against torch's own
+DistributedSampler, and 2- and 3-rank gloo groups (torch.multiprocessing) whose every strategy is held
+against one process evaluating the same model."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.utils.data import DistributedSampler
+
+from backends.ddp import DDPBackend
+from benchmarks import config as options
+from benchmarks.analysis import check, load, tables
+from benchmarks.config import DDPConfig, RunConfig
+from benchmarks.errors import InputError
+from benchmarks.launch import TORCHRUN, LaunchInfo, rendezvous
+from benchmarks.run import recorder as results
+from benchmarks.run import validation, workloads
+from benchmarks.run.trainer import Trainer
+from benchmarks.run.validate import validate
+from tests.unit.test_trainer import config, single_backend
+
+STRATEGIES = options.VAL_STRATEGIES
+N = 1001
+
+
+def fit(backend: Any, cfg: RunConfig, run_dir: Path | None) -> Trainer:
+    """What the harness does: a Trainer, fit, summary.csv and a run.json that `distbench check` accepts."""
+    workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
+    recorder = None
+    if run_dir is not None:
+        meta = {"run_id": run_dir.name, "backend": "ddp", "launcher": TORCHRUN, "world_size": backend.world_size,
+                "workload": cfg.workload, "global_batch": cfg.batch_size * backend.world_size}  # fmt: skip
+        recorder = results.Recorder(run_dir, meta)
+    trainer = Trainer(backend, workload, cfg, recorder)
+    trainer.fit()
+    if recorder is not None:
+        recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
+        recorder.finish("completed")
+    return trainer
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [N, 12, 1])
+def test_each_strategy_evaluates_what_it_says(n: int, world: int) -> None:
+    shards = {s: [validation.shard(s, n, r, world) for r in range(world)] for s in STRATEGIES}
+    for strategy, mine in shards.items():  # the distinct samples of every strategy: each of the n once
+        distinct = sorted(i for s in mine for i in list(s.indices)[: s.distinct])
+        assert distinct == list(range(n)), strategy
+    assert [list(s.indices) for s in shards["sampler"]] == [
+        list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False)) for r in range(world)
+    ]
+    counts = {s: (sum(x.samples for x in mine), sum(x.duplicates for x in mine)) for s, mine in shards.items()}
+    padded = math.ceil(n / world) * world
+    assert counts == {"exact": (n, 0), "sampler": (padded, padded - n), "replicated": (world * n, (world - 1) * n),
+                      "rank0": (n, 0)}  # fmt: skip
+    slowest = {s: max(x.samples for x in mine) for s, mine in shards.items()}  # what bounds the time
+    assert slowest == {"exact": math.ceil(n / world), "sampler": math.ceil(n / world), "replicated": n, "rank0": n}
+    assert validation.per_rank_counts("sampler", n, world) == [
+        {"rank": r, "samples": s.samples, "duplicates": s.duplicates} for r, s in enumerate(shards["sampler"])
+    ]
+
+
+def test_sampler_reports_the_mean_of_the_ranks_means() -> None:
+    # Rank 0 has 2 samples (losses 1, 3), rank 1 one sample (loss 8) and a duplicate of sample 0 (loss 1).
+    per_rank = [[4.0, 0.0, 2.0, 4.0, 0.0, 2.0, 2.0, 0.0], [9.0, 0.0, 2.0, 8.0, 0.0, 1.0, 4.5, 0.0]]
+    totals = [sum(column) for column in zip(*per_rank, strict=True)]
+    loss, _, exact, _ = validation.combine("sampler", totals, 2)
+    assert (loss, exact) == (pytest.approx((2.0 + 4.5) / 2), pytest.approx(12.0 / 3))
+
+
+def test_one_rank_every_strategy_is_exact_and_timed(tmp_path: Path) -> None:
+    found = {}
+    for strategy in STRATEGIES:
+        cfg = config(workload="linear", epochs=2, steps_per_epoch=4, batch_size=8, warmup_steps=1,
+                     val_strategy=strategy)  # fmt: skip
+        fit(single_backend(cfg), cfg, tmp_path / strategy)
+        loss = pd.read_csv(tmp_path / strategy / results.LOSS_CSV)
+        val = loss[loss.split == "val"]
+        assert len(val) == 2 and (val.val_s > 0).all() and (val.val_pass == 1).all()
+        assert val.val_samples_per_s.tolist() == pytest.approx((64 / val.val_s).tolist())
+        summary = pd.read_csv(tmp_path / strategy / results.SUMMARY_CSV).iloc[0]
+        assert summary.val_strategy == strategy and summary.val_passes == 2
+        assert summary.val_s == pytest.approx(val.val_s.median())
+        assert (summary.val_samples, summary.val_duplicates) == (64, 0)
+        assert not check.check_run(tmp_path / strategy)
+        found[strategy] = val.loss.tolist()
+    assert all(v == found["exact"] for v in found.values())  # one rank: no strategy can differ
+
+
+def test_check_catches_a_validation_time_that_does_not_add_up(tmp_path: Path) -> None:
+    cfg = config(workload="linear", epochs=1, steps_per_epoch=4, batch_size=8, warmup_steps=1)
+    fit(single_backend(cfg), cfg, tmp_path / "run")
+    summary = pd.read_csv(tmp_path / "run" / results.SUMMARY_CSV)
+    summary.loc[0, "val_s"] *= 2
+    summary.to_csv(tmp_path / "run" / results.SUMMARY_CSV, index=False)
+    assert any("val_s" in str(p) for p in check.check_run(tmp_path / "run"))
+
+
+def test_a_schema_3_run_still_passes_check_and_loads_as_exact(tmp_path: Path) -> None:
+    cfg = config(workload="linear", epochs=1, steps_per_epoch=4, batch_size=8, warmup_steps=1)
+    fit(single_backend(cfg), cfg, tmp_path / "new")
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "new", old)
+    summary = pd.read_csv(old / results.SUMMARY_CSV)
+    summary[list(results.SUMMARY_COLUMNS_OF[3])].to_csv(old / results.SUMMARY_CSV, index=False)
+    loss = pd.read_csv(old / results.LOSS_CSV)
+    loss[list(results.LOSS_COLUMNS_OF[3])].to_csv(old / results.LOSS_CSV, index=False)
+    meta = json.loads((old / results.RUN_JSON).read_text())
+    meta.pop("validation")
+    (old / results.RUN_JSON).write_text(json.dumps({**meta, "schema_version": 3}))
+    assert not check.check_run(old)
+    meta["schema_version"] = 4  # the same files claimed as version 4 lack columns
+    (old / results.RUN_JSON).write_text(json.dumps(meta))
+    assert any("header" in str(p) for p in check.check_run(old))
+    (old / results.RUN_JSON).write_text(json.dumps({**meta, "schema_version": 3}))
+    per_run = tables.per_run_stats(load.load_runs(tmp_path))
+    per_run = per_run.set_index(per_run.run_key.map(lambda key: Path(key).name))
+    assert per_run.loc["old", "val_strategy"] == "exact" and pd.isna(per_run.loc["old", "val_s"])
+    assert per_run.loc["new", "val_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"val_strategy": "shuffled"}, "--val-strategy 'shuffled' is not one of exact, sampler, replicated, rank0"),
+        ({"val_strategy": "exact,sampler"}, "compare takes a comma-separated list"),
+        ({"eval_only": True, "eval_repeats": 0}, "--eval-repeats must be a positive integer"),
+        ({"eval_only": True, "accumulate": 2}, "--accumulate cannot apply with --eval-only"),
+        ({"eval_only": True, "fp16_allreduce": True}, "--fp16-allreduce cannot apply with --eval-only"),
+        ({"eval_repeats": 3}, "--eval-repeats applies only with --eval-only"),
+        ({"eval_only": True, "eval_train_steps": -1}, "--eval-train-steps must be >= 0"),
+    ],
+)
+def test_bad_validation_options_are_refused_in_one_line(changes: dict[str, Any], words: str) -> None:
+    with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")) as exc:
+        validate("ddp", workloads.resolve(RunConfig(**changes)))
+    assert "\n" not in str(exc.value)
+
+
+# --- 2 and 3 ranks: DDP on a real gloo group ------------------------------------------------------
+
+
+def _ranks(rank: int, world: int, port: int, out: Path) -> None:
+    """One rank: a linear run per strategy (1001 validation samples), rank 0 keeps the evaluated model."""
+    torch.set_num_threads(1)
+    info = LaunchInfo(launcher=TORCHRUN, rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                      master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    backend = DDPBackend(RunConfig(timeout=60), DDPConfig(), info)
+    backend.init()
+    try:
+        for strategy in STRATEGIES:
+            cfg = config(workload="linear", epochs=1, steps_per_epoch=4, batch_size=8, warmup_steps=1,
+                         train_size=96, val_size=N, val_strategy=strategy)  # fmt: skip
+            trainer = fit(backend, cfg, out / strategy if rank == 0 else None)
+            if rank == 0:
+                torch.save(trainer.raw_model.state_dict(), out / f"{strategy}.pt")
+    finally:
+        backend.shutdown()
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def ranked(request, tmp_path_factory) -> tuple[int, Path]:
+    world, out = request.param, tmp_path_factory.mktemp(f"w{request.param}")
+    mp.start_processes(_ranks, args=(world, rendezvous.free_port(), out), nprocs=world, start_method="spawn")
+    return world, out
+
+
+@torch.no_grad()
+def per_sample_losses(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One process: the model's loss on each validation sample."""
+    cfg = config(workload="linear", train_size=96, val_size=N)
+    workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
+    model = workload.build_model()
+    model.load_state_dict(state)
+    x, y = workload.val
+    return workload.loss(model(x), y).double()
+
+
+@pytest.mark.timeout(180)
+def test_every_strategy_against_one_process(ranked: tuple[int, Path]) -> None:
+    world, out = ranked
+    for strategy in STRATEGIES:
+        losses = per_sample_losses(torch.load(out / f"{strategy}.pt"))
+        val = pd.read_csv(out / strategy / results.LOSS_CSV).query("split == 'val'").iloc[-1]
+        meta = json.loads((out / strategy / results.RUN_JSON).read_text())["validation"]
+        summary = pd.read_csv(out / strategy / results.SUMMARY_CSV).iloc[0]
+        exact = float(losses.mean())
+        assert val.val_exact_loss == pytest.approx(exact, rel=1e-6, abs=1e-9), strategy  # same model, same pass
+        assert val.samples == N and val.val_s > 0 and not check.check_run(out / strategy)
+        per_rank = [r["samples"] for r in meta["per_rank"]]
+        if strategy == "sampler":
+            means = [float(losses[list(DistributedSampler(range(N), world, r, shuffle=False))].mean())
+                     for r in range(world)]  # fmt: skip
+            assert val.loss == pytest.approx(sum(means) / world, rel=1e-9)
+            assert abs(val.loss - exact) > 1e-6  # the padding's duplicates and the mean of means show
+            duplicates = math.ceil(N / world) * world - N
+            assert (meta["duplicates"], summary.val_duplicates) == (duplicates, duplicates)
+            assert per_rank == [math.ceil(N / world)] * world
+        else:  # exact, replicated and rank0 report the exact loss
+            assert val.loss == pytest.approx(exact, rel=1e-6, abs=1e-9), strategy
+        if strategy == "exact":
+            assert meta["duplicates"] == 0 and per_rank == [len(range(r, N, world)) for r in range(world)]
+        if strategy == "replicated":  # the slowest rank evaluates the whole set: no speed-up possible
+            assert per_rank == [N] * world and meta["duplicates"] == (world - 1) * N
+        if strategy == "rank0":  # rank 0 alone evaluates: the others only wait
+            assert per_rank == [N] + [0] * (world - 1) and meta["duplicates"] == 0
+            busy = [r["last_busy_s"] for r in meta["per_rank"]]
+            assert busy[0] > 0 and max(busy[1:]) < busy[0]
