@@ -1,9 +1,12 @@
 """Did the backends train the same model? Train and validation losses compared, differences explained.
 
 Same seed, data order, initial weights and optimizer go to every backend, so the train-loss curves of
-one setup should agree to rounding. Validation can still differ when the models' buffers differ —
-BatchNorm running statistics, which DDP broadcasts from rank 0 every forward and Horovod never does —
-so validation is compared too, and the recorded knob that explains a difference is named.
+one setup should agree to rounding. Each run.json holds fingerprints of the data and the initial weights
+its ranks built (run/fingerprint.py), so whether every run saw the same inputs is checked, not assumed,
+and said. Validation can still differ when the models' buffers differ — BatchNorm running statistics,
+which DDP broadcasts from rank 0 every forward and Horovod never does — so validation is compared too,
+and what is known to explain a difference is named: different data or weights, the buffer broadcast
+(only for a model with floating-point buffers), other knobs, CUDA's nondeterministic kernels.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from benchmarks.analysis import check
 from benchmarks.analysis.load import RunSet
 
 TOLERANCE = 1e-5  # below this, a difference is floating-point reduction order, not a different model
@@ -28,6 +34,8 @@ class Agreement:
     """Max abs difference of the validation losses at the same step; NaN when none were recorded."""
     explanation: str = ""
     """The recorded knob that explains a difference, or that none does."""
+    inputs: str = ""
+    """Whether the runs compared saw the same data and initial weights (their run.json fingerprints)."""
     per_setup: dict[str, Agreement] = dataclasses.field(default_factory=dict)
     """Per workload and global batch ("cifar10 · global batch 64"), where backends were compared in
     several; the fields above are then the worst over them and the first explanation."""
@@ -43,7 +51,7 @@ class Agreement:
 
         out = [f"loss, max abs difference between backends{where}: train {text(self.train)}, "
                f"validation {text(self.val)}"]  # fmt: skip
-        return out + ([f"  {self.explanation}"] if self.explanation else [])
+        return out + [f"  {line}" for line in (self.inputs, self.explanation) if line]
 
     def __float__(self) -> float:
         return self.train
@@ -59,19 +67,73 @@ def _worst(curves: list[pd.Series]) -> float:
     return worst
 
 
-def _explain(rs: RunSet, firsts: list[str], differs: str) -> str:
+@dataclass
+class Inputs:
+    """What the run.json fingerprints of a set of runs say."""
+
+    words: str = ""
+    data_differ: bool = False
+    weights_differ: bool = False
+    float_buffers: int | None = None
+    """The most floating-point buffers any run's model had; None when no run recorded it (older runs)."""
+
+
+def _fingerprints(rs: RunSet, keys: list[str]) -> Inputs:
+    prints: dict[str, dict[str, Any]] = {}
+    buffers = []
+    for key in keys:
+        meta, _ = check.meta_problems(Path(key))
+        meta = meta or {}
+        if isinstance(meta.get("fingerprint"), dict):
+            prints[key] = meta["fingerprint"]
+        if meta.get("model_float_buffers") is not None:
+            buffers.append(int(meta["model_float_buffers"]))
+    result = Inputs(float_buffers=max(buffers) if buffers else None)
+    if len(prints) < 2:
+        return result
+    variant = rs.runs.set_index("run_key")["variant"].to_dict() if "variant" in rs.runs else {}
+
+    def groups(of: Any) -> list[str]:
+        by: dict[Any, list[str]] = {}
+        for key, fp in prints.items():
+            by.setdefault(of(fp), []).append(str(variant.get(key, Path(key).name)))
+        return [" and ".join(dict.fromkeys(names)) for names in by.values()]
+
+    data = groups(lambda fp: (fp.get("train", {}).get("sha256"), fp.get("val", {}).get("sha256")))
+    weights = groups(lambda fp: fp.get("initial_weights"))
+    result.data_differ, result.weights_differ = len(data) > 1, len(weights) > 1
+    if result.data_differ:
+        result.words = (f"inputs: the runs trained on different data ({' vs '.join(data)}: run.json "
+                        "fingerprints differ), so they compare nothing; build the data from the factory's `seed` "
+                        "argument")  # fmt: skip
+    elif result.weights_differ:
+        result.words = (f"inputs: the same data, but different initial weights ({' vs '.join(weights)}: run.json "
+                        "fingerprints differ)")  # fmt: skip
+    else:
+        result.words = f"inputs: the same data and initial weights in all {len(prints)} runs (run.json fingerprints)"
+    return result
+
+
+def _explain(rs: RunSet, firsts: list[str], differs: str, inputs: Inputs) -> str:
     runs = rs.runs.set_index("run_key").loc[firsts]
-    if "knob_broadcast_buffers" in runs and runs["knob_broadcast_buffers"].nunique(dropna=False) > 1:
+    if inputs.data_differ:
+        return f"{differs} differ: the runs trained on different data"
+    has_buffers = inputs.float_buffers != 0  # unknown (older runs) may have them
+    if has_buffers and "knob_broadcast_buffers" in runs and runs["knob_broadcast_buffers"].nunique(dropna=False) > 1:
         yes = ", ".join(runs.backend[runs.knob_broadcast_buffers == True])  # noqa: E712 (None is not False)
         no = ", ".join(runs.backend[runs.knob_broadcast_buffers != True])  # noqa: E712
         return (
             f"{differs} differ: {yes} broadcast buffers (knob broadcast_buffers=True) and {no} do not, so "
             "BatchNorm running statistics differ; run with --no-broadcast-buffers for parity"
         )
+    if inputs.weights_differ:
+        return f"{differs} differ: the runs started from different initial weights"
     knobs = [c for c in runs if c.startswith("knob_") and runs[c].astype(str).nunique() > 1]
-    if knobs:
-        return f"{differs} differ; knobs that differ: {', '.join(k.removeprefix('knob_') for k in knobs)}"
-    return f"{differs} differ and no recorded knob explains it"
+    knobs = [k for k in knobs if has_buffers or k != "knob_broadcast_buffers"]  # no buffers: the knob does nothing
+    known = [f"knobs that differ: {', '.join(k.removeprefix('knob_') for k in knobs)}"] if knobs else []
+    if "config_device" in runs and (runs["config_device"] == "cuda").any():
+        known.append("on CUDA, nondeterministic kernels (atomic adds in backward) differ from run to run")
+    return f"{differs} differ; {'; '.join(known)}" if known else f"{differs} differ and no recorded knob explains it"
 
 
 def loss_agreement(rs: RunSet) -> Agreement:
@@ -91,11 +153,14 @@ def loss_agreement(rs: RunSet) -> Agreement:
             worst.append(_worst([rows[rows.run_key == key].set_index("step")["loss"] for key in firsts]))
         train, val = worst
         differs = [name for name, v in (("train losses", train), ("validation losses", val)) if v > TOLERANCE]
-        one = Agreement(train, val, _explain(rs, firsts, " and ".join(differs)) if differs else "")
+        inputs = _fingerprints(rs, list(dict.fromkeys(group["run_key"].astype(str))))
+        explained = _explain(rs, firsts, " and ".join(differs), inputs) if differs else ""
+        one = Agreement(train, val, explained, inputs.words)
         result.per_setup[setup_words(dict(zip(keys, values, strict=True)))] = one
         result.train = train if math.isnan(result.train) else max(result.train, train)
         result.val = val if math.isnan(result.val) else max(result.val, val)
         result.explanation = result.explanation or one.explanation
+        result.inputs = result.inputs if result.inputs and not inputs.data_differ else one.inputs
     return result
 
 

@@ -34,7 +34,7 @@ from backends.base import Backend
 from benchmarks import config, environment, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
-from benchmarks.run import data, faults, guard, workloads
+from benchmarks.run import data, faults, fingerprint, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer
 
@@ -221,6 +221,8 @@ def run(
     backend_cls = backends.get(backend_name)
     launch.check_supported(backend_name, backend_cls.launchers, info)
     workload = load_checked_workload(cfg, info.world_size)
+    data_print = fingerprint.of_data(workload.train, workload.val)  # compared across ranks once they have joined
+    workload, weight_prints = fingerprint.recording(workload)
     backend_cls.check_available()
     if cfg.run_id and not cfg.overwrite and (Path(cfg.out) / cfg.run_id).exists():
         # Caught here, before any rank joins a job, rather than only by rank 0 after start-up.
@@ -279,6 +281,7 @@ def run(
     try:
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
         hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
+        fingerprint.check_data(data_print, backend.all_gather_object, cfg.workload)  # bad input: no run directory
         meta = {
             "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
             "launcher_detail": info.detail, "world_size": info.world_size,
@@ -298,7 +301,13 @@ def run(
         recorder = _open_recorder(backend, cfg, meta)
         run_dir = Path(cfg.out) / run_id  # this job's from here on: failure notes may go into it
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
+        weights = fingerprint.weights_record(backend.all_gather_object(weight_prints[-1]))
+        if backend.rank == 0 and not weights["initial_weights_agree"]:
+            print("distbench: warning: build_model() gave the ranks different initial weights (harmless: every "
+                  "rank starts from rank 0's, broadcast); see run.json fingerprint", file=sys.stderr)  # fmt: skip
         if recorder is not None:
+            recorder.meta["fingerprint"] = {**data_print, **weights}
+            recorder.meta["model_float_buffers"] = fingerprint.float_buffers(trainer.raw_model)
             recorder.meta["knobs"] = backend.describe()
             recorder.meta["optimizer"] = trainer.optimizer_meta
             params = [p for p in trainer.raw_model.parameters() if p.requires_grad]

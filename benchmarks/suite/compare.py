@@ -362,10 +362,13 @@ def check_jobs(jobs: list[Job]) -> None:
     """Every job's options, and its workload at its world size, before any process starts."""
     for job in jobs:
         validate(job.variant.backend, job.cfg)
-    from benchmarks.run import harness  # imports torch: only past the checks that need none
+    from benchmarks.run import fingerprint, harness  # imports torch: only past the checks that need none
 
     for job in {(j.cfg.batch_size, j.ranks): j for j in jobs}.values():
-        harness.load_checked_workload(job.cfg, job.ranks)
+        workload = harness.load_checked_workload(job.cfg, job.ranks)
+    cfg = jobs[0].cfg
+    if catalog.parse(cfg.workload).kind == "custom":  # a built-in is seeded; a user's may make data at import
+        fingerprint.check_fresh_process(workload, cfg.workload, cfg.seed, (cfg.train_size, cfg.val_size))
 
 
 def command(args: argparse.Namespace) -> int:
