@@ -97,6 +97,8 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     row["optimizer"] = ", ".join(f"{k}={v}" for k, v in optimizer.items()) if isinstance(optimizer, dict) else optimizer
     row["path"] = str(run_dir)
     row["val_strategy"], row["eval_only"] = strategy_of(meta), bool(meta.get("eval_only"))
+    per_rank = (meta.get("validation") or {}).get("per_rank") or []
+    row["val_most_on_a_rank"] = max((r.get("samples", 0) for r in per_rank), default=np.nan)  # bounds its time
     row["variant"] = with_strategy(run_variant(meta), row["val_strategy"])
     return row
 

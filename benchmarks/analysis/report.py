@@ -17,7 +17,7 @@ import jinja2
 import numpy as np
 import pandas as pd
 
-from benchmarks.analysis import collectives, context, decision, figures, load, tables, why
+from benchmarks.analysis import collectives, context, decision, evaluation, figures, load, tables, why
 from benchmarks.analysis.load import RunSet
 
 __all__ = ["RunSet", "write"]
@@ -75,11 +75,18 @@ def write(
         print(f"distbench: left out {line}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     per_run = tables.per_run_stats(rs)  # left-out runs included, so a failed backend shows as FAILED
+    validated = evaluation.validation_table(per_run)  # every run since schema 4: each validation timed
+    evaluated = evaluation.eval_only(per_run)
+    if evaluated.all():  # `--eval-only` runs alone: no training to tabulate or decide on
+        return _evaluation_page(per_run, validated, out, formats)
+    per_run = per_run[~evaluated]  # training's tables, plots and decision; eval-only runs are validation's
     table = tables.backend_table(per_run)
     summary = tables.format_table(table, tables.loss_agreement(rs))
     scale = tables.scaling(per_run)
     if len(scale):
         summary += "\n\n" + tables.format_scaling(scale)
+    if len(validated):
+        summary += "\n\n" + evaluation.format_validation(validated)
     names = dict(zip(per_run.run_key.astype(str), per_run.backend.astype(str), strict=True))  # launchers split
     # Plots of what completed: each is None when nothing it would show did.
     images = [
@@ -90,6 +97,7 @@ def write(
     ]
     if len(scale):  # some variant at two or more world sizes: a curve, never a lone point
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
+    images.append(evaluation.scaling_figure(validated, out / "eval_scaling.png"))
     breakdown = why.per_run(rs)
     explained = why.section(rs, per_run, paths, out, breakdown)
     given = known or {}
@@ -107,7 +115,9 @@ def write(
     if len(scale):
         sections[
             "Scaling (efficiency T(n) / (n × T(1)): each variant against its own 1-rank runs and against single)"
-        ] = scale
+        ] = evaluation.eval_scaling(scale, per_run)  # evaluation's beside training's
+    if len(validated):
+        sections["Distributed validation (per strategy and world size; docs/evaluation.md)"] = validated
     sections.update(explained.tables)
     sections.update(extra or {})
     sections["Per run"] = per_run
@@ -127,6 +137,19 @@ def write(
     if explained.sentences:
         said += ["", "Why:", *(f"- {line}" for line in explained.sentences)]
     return "\n".join(said)
+
+
+def _evaluation_page(per_run: pd.DataFrame, validated: pd.DataFrame, out: Path, formats: set[str]) -> str:
+    """The report of `--eval-only` runs: evaluation throughput per strategy and world size, and its scaling."""
+    text = evaluation.format_validation(validated) if len(validated) else "no completed evaluation"
+    image = evaluation.scaling_figure(validated, out / "eval_scaling.png")
+    sections = {"Distributed validation (per strategy and world size; docs/evaluation.md)": validated,
+                "Per run": per_run}  # fmt: skip
+    decided = decision.decide(per_run.iloc[:0])  # no training, so no setup to decide on; compare copies it
+    decision.write(out, decided)
+    page = Page(decision=decided, summary=text, images=[image] if image else [], tables=sections)
+    _write_files(page, out, formats)
+    return "\n".join([*decision.words(decided), "", text])
 
 
 def _cell(column: str, value: Any) -> dict[str, Any]:

@@ -119,8 +119,10 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
             "step_p50_s": q.loc[key, 0.5] if has_q else np.nan, "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
             "step_p95_s": q.loc[key, 0.95] if has_q else np.nan, "step_p99_s": q.loc[key, 0.99] if has_q else np.nan,
             "rank_skew": skew.get(key, np.nan), **final.get(key, NO_LOSS),
-            **{c: run.get(c, np.nan) for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS)},
-            "warning": run_warning(n_steps, wall if wall is not None else np.nan), "error": run.get("error"),
+            **{c: run.get(c, np.nan) for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS, "val_most_on_a_rank")},
+            # An --eval-only run trains nothing timed: its empty window is no short run.
+            "warning": "" if run.get("eval_only") is True else run_warning(n_steps, np.nan if wall is None else wall),
+            "error": run.get("error"),
         })  # fmt: skip
     for run in rs.left_out.to_dict("records"):
         launch = dict(zip(LAUNCH, _launch(run), strict=True))
