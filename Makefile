@@ -3,6 +3,7 @@
 #   make test    the whole test suite (tests/unit, then tests/integration with real launchers)
 #   make test-fast  the in-process unit tests (under a minute)
 #   make lint    ruff and the import layering (lint-imports)
+#   make notebook  results/compare.ipynb executed headless from here; the executed copy goes to NOTEBOOK_OUT
 #   make gpu-bundle  here: what a GPU machine without a registry needs (gpu-bundle/); make gpu-check there
 # Override: make test TORCH_SPEC='torch==2.14.1'; make test VENV=/path/to/env TORCH_SPEC= (keep its torch);
 #           make test PYTEST_ARGS='-k launch -x'.
@@ -48,6 +49,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+
+# Outside the tree, so the committed notebook keeps no outputs.
+NOTEBOOK_OUT ?= $(or $(TMPDIR),/tmp)/distbench-compare.ipynb
+.PHONY: notebook
+
+notebook: $(STAMP)
+	$(PY) results/execute_notebook.py $(NOTEBOOK_OUT)
 
 clean:
 	rm -rf $(VENV) results/runs

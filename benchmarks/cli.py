@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,9 +78,27 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return tune.command(args)
 
 
+def path_problem(paths: Sequence[str]) -> str | None:
+    """What is wrong with a path given to report or check that cannot hold runs: missing, or a file."""
+    for text in paths:
+        if any(c in text for c in "*?["):
+            if not glob.glob(text):
+                return f"{text} matches nothing; give run directories or compare directories (results/runs/<id>)"
+            continue
+        path = Path(text)
+        if not path.exists():
+            return f"{text} does not exist; give a run directory or a compare directory (results/runs/<id>)"
+        if not path.is_dir():
+            return f"{text} is a file, not a directory; give the run or compare directory that holds it ({path.parent})"
+    return None
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from benchmarks.analysis import load, report
 
+    if problem := path_problem(args.paths):
+        error(problem)
+        return EXIT_BAD_INPUT
     formats = {f.strip() for f in args.format.split(",") if f.strip()}
     if not formats <= {"md", "html"}:
         print(f"distbench: error: --format takes md and/or html, not {args.format!r}", file=sys.stderr)
@@ -111,6 +130,9 @@ def default_report_dir(paths: Sequence[str]) -> Path:
 def _cmd_check(args: argparse.Namespace) -> int:
     from benchmarks.analysis import check, load
 
+    if problem := path_problem(args.paths):
+        error(problem)
+        return EXIT_BAD_INPUT
     dirs = load.find_run_dirs(*args.paths)
     if not dirs:
         print(f"distbench: error: no run directories (with run.json) under {' '.join(args.paths)}", file=sys.stderr)

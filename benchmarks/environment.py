@@ -33,8 +33,20 @@ def mpi_library_version() -> str | None:
     return out.strip().splitlines()[0] if out.strip() else None
 
 
+def _nccl_version() -> str | None:
+    if not torch.distributed.is_nccl_available():
+        return None
+    version = torch.cuda.nccl.version()  # (2, 21, 5) in current torch, an int in old ones
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+IMPORTED = {"transformers": "transformers", "scikit-learn": "sklearn"}
+"""Libraries recorded when a run has imported them (an hf: workload builds its model with transformers)."""
+
+
 def versions() -> dict[str, str | None]:
-    return {
+    """Every library version that shapes a run's numbers: run.json `versions`."""
+    found: dict[str, str | None] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "horovod": _dist_version("horovod"),
@@ -42,6 +54,10 @@ def versions() -> dict[str, str | None]:
         "mpi": mpi_library_version(),
         "numpy": _dist_version("numpy"),
     }
+    found.update({dist: _dist_version(dist) for dist, module in IMPORTED.items() if module in sys.modules})
+    if torch.cuda.is_available():  # the CUDA the kernels run on, and NCCL, DDP's GPU collectives
+        found.update(cuda=torch.version.cuda, cudnn=str(torch.backends.cudnn.version()), nccl=_nccl_version())
+    return found
 
 
 def horovod_build() -> dict[str, bool] | str:

@@ -114,6 +114,14 @@ def _first_two(samples: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return default_collate([samples[i] for i in range(min(2, len(samples)))])
 
 
+def shape_hint(shape: tuple[int, ...] | str, batch: int) -> str:
+    """How to turn what a loss returned into one value per sample."""
+    if isinstance(shape, tuple) and len(shape) > 1 and shape[0] == batch:
+        dims = "dim=1" if len(shape) == 2 else f"dim={tuple(range(1, len(shape)))}"
+        return f"reduce over the dimensions after the first, e.g. .mean({dims})"
+    return "return it unreduced, e.g. F.cross_entropy(out, target, reduction='none')"
+
+
 def check_workload(workload: workloads.Workload, name: str) -> None:
     """Catch a malformed workload up front, in one line.
 
@@ -169,7 +177,7 @@ def check_workload(workload: workloads.Workload, name: str) -> None:
         if shape != (len(x),):
             raise problem(
                 f"{fn}(out, target) must give one value per sample (shape ({len(x)},) for 2 samples), got {shape}; "
-                "return it unreduced, e.g. F.cross_entropy(out, target, reduction='none')"
+                + shape_hint(shape, len(x))
             )
     if workload.optimizer is not None:  # its own optimizer: built on the throwaway model, so a bad one is bad input
         try:

@@ -31,8 +31,17 @@ class LineProgress:
     def set_postfix(self, **values: Any) -> None:
         self.postfix = " ".join(f"{k}={v}" for k, v in values.items())
 
+    def set_postfix_str(self, text: str) -> None:
+        self.postfix = text
+
     def close(self) -> None:
         pass
+
+
+def loss_words(row: dict[str, Any]) -> str:
+    """The last gathered train loss, with the step it is of: rows reach rank 0 only at a flush (every
+    --flush-every steps), so the bar would otherwise show an old number as if it were current."""
+    return f"loss {row['loss']:.4f} at step {row['step']} (all ranks)"
 
 
 def progress(total: int, desc: str, enabled: bool) -> tqdm | LineProgress:

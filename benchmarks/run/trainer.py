@@ -193,7 +193,7 @@ class Trainer:
         recorder.timing(timing)
         recorder.loss(losses)
         if self.progress is not None and losses:
-            self.progress.set_postfix(loss=f"{losses[-1]['loss']:.4f}")
+            self.progress.set_postfix_str(progress.loss_words(losses[-1]))
 
     def validate(self, epoch: int) -> dict[str, Any]:
         """One timed validation under --val-strategy (benchmarks.run.validation); its loss.csv row."""
