@@ -1,7 +1,6 @@
 """Distributed validation (issue 20): what each --val-strategy evaluates and reports, its time in loss.csv
-and summary.csv (schema 4), their check, and its bad input. In-process: the shards against torch's own
-DistributedSampler, and 2- and 3-rank gloo groups (torch.multiprocessing) whose every strategy is held
-against one process evaluating the same model."""
+and summary.csv (schema 4), their check, and its bad input. In-process, one rank: the shards against
+torch's own DistributedSampler. 2- and 3-rank groups against one process: tests/integration/test_validation.py."""
 
 from __future__ import annotations
 
@@ -13,16 +12,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
-import torch
-import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
-from backends.ddp import DDPBackend
 from benchmarks import config as options
 from benchmarks.analysis import check, load, tables
-from benchmarks.config import DDPConfig, RunConfig
+from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
-from benchmarks.launch import TORCHRUN, LaunchInfo, rendezvous
+from benchmarks.launch import TORCHRUN
 from benchmarks.run import recorder as results
 from benchmarks.run import validation, workloads
 from benchmarks.run.trainer import Trainer
@@ -145,74 +141,3 @@ def test_bad_validation_options_are_refused_in_one_line(changes: dict[str, Any],
     with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")) as exc:
         validate("ddp", workloads.resolve(RunConfig(**changes)))
     assert "\n" not in str(exc.value)
-
-
-# --- 2 and 3 ranks: DDP on a real gloo group ------------------------------------------------------
-
-
-def _ranks(rank: int, world: int, port: int, out: Path) -> None:
-    """One rank: a linear run per strategy (1001 validation samples), rank 0 keeps the evaluated model."""
-    torch.set_num_threads(1)
-    info = LaunchInfo(launcher=TORCHRUN, rank=rank, local_rank=rank, world_size=world, local_world_size=world,
-                      master_addr="127.0.0.1", master_port=port)  # fmt: skip
-    backend = DDPBackend(RunConfig(timeout=60), DDPConfig(), info)
-    backend.init()
-    try:
-        for strategy in STRATEGIES:
-            cfg = config(workload="linear", epochs=1, steps_per_epoch=4, batch_size=8, warmup_steps=1,
-                         train_size=96, val_size=N, val_strategy=strategy)  # fmt: skip
-            trainer = fit(backend, cfg, out / strategy if rank == 0 else None)
-            if rank == 0:
-                torch.save(trainer.raw_model.state_dict(), out / f"{strategy}.pt")
-    finally:
-        backend.shutdown()
-
-
-@pytest.fixture(scope="module", params=[2, 3])
-def ranked(request, tmp_path_factory) -> tuple[int, Path]:
-    world, out = request.param, tmp_path_factory.mktemp(f"w{request.param}")
-    mp.start_processes(_ranks, args=(world, rendezvous.free_port(), out), nprocs=world, start_method="spawn")
-    return world, out
-
-
-@torch.no_grad()
-def per_sample_losses(state: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One process: the model's loss on each validation sample."""
-    cfg = config(workload="linear", train_size=96, val_size=N)
-    workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
-    model = workload.build_model()
-    model.load_state_dict(state)
-    x, y = workload.val
-    return workload.loss(model(x), y).double()
-
-
-@pytest.mark.timeout(180)
-def test_every_strategy_against_one_process(ranked: tuple[int, Path]) -> None:
-    world, out = ranked
-    for strategy in STRATEGIES:
-        losses = per_sample_losses(torch.load(out / f"{strategy}.pt"))
-        val = pd.read_csv(out / strategy / results.LOSS_CSV).query("split == 'val'").iloc[-1]
-        meta = json.loads((out / strategy / results.RUN_JSON).read_text())["validation"]
-        summary = pd.read_csv(out / strategy / results.SUMMARY_CSV).iloc[0]
-        exact = float(losses.mean())
-        assert val.val_exact_loss == pytest.approx(exact, rel=1e-6, abs=1e-9), strategy  # same model, same pass
-        assert val.samples == N and val.val_s > 0 and not check.check_run(out / strategy)
-        per_rank = [r["samples"] for r in meta["per_rank"]]
-        if strategy == "sampler":
-            means = [float(losses[list(DistributedSampler(range(N), world, r, shuffle=False))].mean())
-                     for r in range(world)]  # fmt: skip
-            assert val.loss == pytest.approx(sum(means) / world, rel=1e-9)
-            assert abs(val.loss - exact) > 1e-6  # the padding's duplicates and the mean of means show
-            duplicates = math.ceil(N / world) * world - N
-            assert (meta["duplicates"], summary.val_duplicates) == (duplicates, duplicates)
-            assert per_rank == [math.ceil(N / world)] * world
-        else:  # exact, replicated and rank0 report the exact loss
-            assert val.loss == pytest.approx(exact, rel=1e-6, abs=1e-9), strategy
-        if strategy == "exact":
-            assert meta["duplicates"] == 0 and per_rank == [len(range(r, N, world)) for r in range(world)]
-        if strategy == "replicated":  # the slowest rank evaluates the whole set: no speed-up possible
-            assert per_rank == [N] * world and meta["duplicates"] == (world - 1) * N
-        if strategy == "rank0":  # rank 0 alone evaluates: the others only wait
-            assert per_rank == [N] + [0] * (world - 1) and meta["duplicates"] == 0
-            busy = [r["last_busy_s"] for r in meta["per_rank"]]
-            assert busy[0] > 0 and max(busy[1:]) < busy[0]
