@@ -16,6 +16,8 @@ import dataclasses
 import datetime
 import os
 import secrets
+import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from benchmarks.errors import InputError
 from benchmarks.run import workloads
 from benchmarks.run.validate import validate
 from benchmarks.suite import jobs as processes
-from benchmarks.suite import variants
+from benchmarks.suite import precision, variants
 from benchmarks.suite.variants import Job, jobs_for
 
 # The embedded default, used only when no --workload is given: a communication-heavy model (so the
@@ -80,6 +82,7 @@ def add_variant_options(cmp: argparse.ArgumentParser, scaling: bool) -> None:
             "batch)",
         )
     cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats per variant (default: 3)")
+    precision.add_arguments(cmp)
     cmp.add_argument(
         "--launcher",
         choices=variants.FORCEABLE_LAUNCHERS,
@@ -199,14 +202,15 @@ def make_compare_dir(out: Path, compare_id: str | None) -> Path:
 
 
 def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Supervisor,
-             label: str = "compare") -> list[Attempt]:  # fmt: skip
-    """Every (repeat, job) into `root`, interleaved; a failing job is recorded and the others still run.
-    Once `supervisor` is interrupted the running job is stopped and recorded, and no other starts."""
+             label: str = "compare", first: int = 0) -> list[Attempt]:  # fmt: skip
+    """Every (repeat, job) into `root`, interleaved, repeats `first` to `repeats` − 1; a failing job is recorded
+    and the others still run. Once `supervisor` is interrupted the running job is stopped and recorded, and no
+    other starts."""
     from benchmarks.run import recorder as results
 
     attempts: list[Attempt] = []
-    total = repeats * len(jobs)
-    for repeat in range(repeats):
+    total = (repeats - first) * len(jobs)
+    for repeat in range(first, repeats):
         for job in jobs:
             if supervisor.interrupted:
                 return attempts
@@ -240,21 +244,35 @@ def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Su
     return attempts
 
 
-def compare(jobs: list[Job], repeats: int, root: Path, scaling: str = WEAK, started: float | None = None) -> int:
-    """Run every (repeat, job) into `root`, write comparison.csv, print the tables; 0 only if all succeeded,
-    130 when a signal stopped it (what completed is written all the same).
+def compare(
+    jobs: list[Job],
+    repeats: int,
+    root: Path,
+    scaling: str = WEAK,
+    started: float | None = None,
+    target: float | None = None,
+    max_repeats: int = precision.DEFAULT_MAX_REPEATS,
+    command: str = "",
+) -> int:
+    """Run every (repeat, job) into `root`, write comparison.csv, print the decision and the tables; 0 only if
+    all succeeded, 130 when a signal stopped it (what completed is written all the same).
 
     `started` is when the command started (`time.perf_counter()`), so the checks before the jobs count
-    in the wall time.
+    in the wall time. With `target` (--precision), `repeats` is the pilot of a two-stage compare.
     """
     first_job = time.perf_counter()
     started = first_job if started is None else started
     with processes.Supervisor(root) as supervisor:
         attempts = run_jobs(jobs, repeats, root, supervisor)
+        more, plan = precision.second_stage(
+            root, repeats, target, max_repeats,
+            lambda first, stop: run_jobs(jobs, stop, root, supervisor, first=first), lambda: supervisor.interrupted,
+        )  # fmt: skip
+        attempts += more
         t0 = time.perf_counter()
         phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
-        print(write_comparison(root, attempts, jobs, scaling))
-        write_report(root)
+        table = write_comparison(root, attempts, jobs, scaling)
+        write_report(root, table, {"plan": plan or ({"precision": target} if target else None), "command": command})
         phases["table and report"] = time.perf_counter() - t0
         print(time_line(attempts, phases, time.perf_counter() - started))
         print(root)
@@ -264,16 +282,32 @@ def compare(jobs: list[Job], repeats: int, root: Path, scaling: str = WEAK, star
     return 0 if all(a.returncode == 0 for a in attempts) else 1
 
 
-def write_report(root: Path) -> None:
+def write_report(root: Path, table: str, known: dict[str, Any] | None = None) -> None:
+    """The report and decision.json; print the decision, then `table`, then the Why lines."""
     try:
-        from benchmarks.analysis import report
-
-        summary = report.write([root], root / "report", {"md", "html"})
-        if "\nWhy:\n" in summary:  # the report's plain-words reasons belong on the terminal too
-            print(summary[summary.index("\nWhy:\n") + 1 :])
-        print(f"report: {root / 'report' / 'report.html'}")
+        said, why = report_and_decision([root], root, known)
     except FileNotFoundError:  # no run completed: nothing to plot
+        print(table)
         print("[compare] no report: no run completed (comparison.csv says how each ended)", file=sys.stderr)
+        return
+    print(f"{said}\n\n{table}" if said else table)
+    if why:  # the report's plain-words reasons belong on the terminal too
+        print(why)
+    print(f"report: {root / 'report' / 'report.html'}")
+
+
+def report_and_decision(
+    paths: list[str], root: Path, known: dict[str, Any] | None, extra: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """`root`/report/ and `root`/decision.json from the runs under `paths`; the decision's words and the Why
+    lines, for the terminal (`known` and `extra` as `analysis.report.write` takes them)."""
+    from benchmarks.analysis import decision, report
+
+    summary = report.write(paths, root / "report", {"md", "html"}, extra=extra, known=known)
+    shutil.copyfile(root / "report" / decision.DECISION_JSON, root / decision.DECISION_JSON)
+    said = summary[: summary.index("\n\n")] if "\n\n" in summary else ""  # the decision's lines come first
+    why = summary[summary.index("\nWhy:\n") + 1 :] if "\nWhy:\n" in summary else ""
+    return said, why
 
 
 def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) -> str:
@@ -343,6 +377,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     sizes = variants.parse_nproc(args.nproc)
     if args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got {args.repeats}")
+    precision.check(args)
     if args.global_batch is not None and args.global_batch < 1:
         raise InputError(f"--global-batch must be a positive integer, got {args.global_batch}")
     if args.global_batch is not None and args.batch_size is not None:
@@ -380,4 +415,19 @@ def command(args: argparse.Namespace) -> int:
     except InputError as exc:
         errors.error(str(exc))
         return errors.EXIT_BAD_INPUT
-    return compare(jobs, args.repeats, root, scaling, started)
+    return compare(jobs, args.repeats, root, scaling, started, args.precision, args.max_repeats, rerun_command())
+
+
+def rerun_command() -> str:
+    """This command's line without --repeats, --run-id, --precision and --max-repeats, for the decision's
+    advice on how many repeats would settle it."""
+    argv = ["distbench", *sys.argv[1:]] if Path(sys.argv[0]).name in ("distbench", "cli.py") else []
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--repeats", "--run-id", "--precision", "--max-repeats"):
+            skip = True
+        elif not arg.startswith(("--repeats=", "--run-id=", "--precision=", "--max-repeats=")):
+            kept.append(arg)
+    return shlex.join(kept)
