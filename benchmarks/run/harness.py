@@ -294,7 +294,7 @@ def run(
             "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
             "launcher_detail": info.detail, "world_size": info.world_size,
             "local_world_size": info.local_world_size, "workload": cfg.workload,
-            "oversubscribed": oversubscribed(info.local_world_size),
+            "oversubscribed": oversubscribed(info.local_world_size), "cpus": os.cpu_count(),
             "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
             "train_size": data.size(workload.train), "val_size": data.size(workload.val),
             "workload_args": workload.args,
@@ -306,6 +306,9 @@ def run(
             "hosts": hosts, "command": sys.argv, "start_time": started,
             "host": socket.gethostname(), "pid": os.getpid(),
         }  # fmt: skip
+        if info.rank == 0 and meta["oversubscribed"]:
+            print(f"distbench: warning: {info.local_world_size} ranks on {os.cpu_count()} cores: this measures "
+                  "time-slicing, not scaling", file=sys.stderr, flush=True)  # fmt: skip
         recorder = _open_recorder(backend, cfg, meta)
         run_dir = Path(cfg.out) / run_id  # this job's from here on: failure notes may go into it
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)

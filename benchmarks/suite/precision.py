@@ -47,6 +47,7 @@ def check(args: argparse.Namespace) -> None:
     if args.precision is None:
         return
     from benchmarks.analysis import stats  # scipy: only when --precision is given, never for the parser
+
     if not 0 < args.precision < 1:
         raise InputError(f"--precision is a relative half-width between 0 and 1, e.g. 0.05; got {args.precision}")
     if args.repeats < stats.MIN_RUNS:

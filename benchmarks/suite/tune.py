@@ -24,7 +24,7 @@ from typing import Any
 import backends
 from benchmarks import config, errors
 from benchmarks.errors import InputError
-from benchmarks.suite import compare, variants
+from benchmarks.suite import compare, precision, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.variants import Job, Variant
 
@@ -135,6 +135,7 @@ def command(args: argparse.Namespace) -> int:
             raise InputError("tune runs one world size: give --nproc N (a scaling study is `compare --nproc 1,2,4`)")
         if min(args.repeats, args.tune_repeats, args.tune_steps) < 1:
             raise InputError("--repeats, --tune-repeats and --tune-steps must be positive integers")
+        precision.check(args)
         grid = load_grid(args.grid)
         sweep_cfg = dataclasses.replace(
             cfg, epochs=1, steps_per_epoch=min(cfg.steps_per_epoch or 10**9, args.tune_steps)
@@ -178,8 +179,14 @@ def command(args: argparse.Namespace) -> int:
                         dataclasses.replace(job, knobs=knob_argv(own[v.backend], point), run_prefix=f"{v.slug}-best")
                     )
             final = compare.run_jobs(final_jobs, args.repeats, root / "final", supervisor, label="tune final")
+            more, plan = precision.second_stage(
+                root / "final", args.repeats, args.precision, args.max_repeats,
+                lambda first, stop: compare.run_jobs(final_jobs, stop, root / "final", supervisor, "tune final", first),
+                lambda: supervisor.interrupted,
+            )  # fmt: skip
+            final += more
             if final:
-                print(finish(root, final, final_jobs, best, chosen))
+                print(finish(root, final, final_jobs, best, chosen, plan or {"precision": args.precision}))
         print(f"time: {time.perf_counter() - started:.1f} s wall; {len(attempts)} sweep runs, {len(final)} final runs")
         print(root)
         if supervisor.interrupted:
@@ -243,19 +250,27 @@ def keep_or_default(
     return "default", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) within noise: default kept", (gain, lo, hi)
 
 
-def finish(root: Path, attempts: list[compare.Attempt], jobs: list[Job], best: dict, chosen: list[Variant]) -> str:
-    """tuned.csv (default vs best per variant, the gain with its CI, what was kept and why), the report of the
-    final runs at the kept knobs; returns the terminal text."""
+def finish(
+    root: Path,
+    attempts: list[compare.Attempt],
+    jobs: list[Job],
+    best: dict,
+    chosen: list[Variant],
+    plan: dict[str, Any] | None = None,
+) -> str:
+    """tuned.csv (default vs best per variant, the gain with its CI, what was kept and why), the report and
+    decision of the final runs at the kept knobs (`plan`: the final stage's precision or two-stage plan);
+    returns the terminal text, the decision first."""
     import pandas as pd
 
-    from benchmarks.analysis import load, report, stats, tables
+    from benchmarks.analysis import load, stats, tables
 
     full, _ = compare.comparison_frame(root / "final", attempts, jobs, compare.WEAK)
     full = full.assign(setting=full.run_id.str.rsplit("-", n=2).str[-2])  # <slug>-default-rN / <slug>-best-rN
     full.reindex(columns=[*compare.COMPARISON_COLUMNS, "setting"]).to_csv(
         root / "final" / "comparison.csv", index=False
     )
-    rows, kept = [], []
+    rows, kept, knobs = [], [], {}
     for v in chosen:
         mine = full[(full.variant == v.name) & (full.status == "completed")]
         default, tuned = mine[mine.setting == "default"].samples_per_s, mine[mine.setting == "best"].samples_per_s
@@ -272,6 +287,8 @@ def finish(root: Path, attempts: list[compare.Attempt], jobs: list[Job], best: d
                      "default_samples_per_s": stats.log_ci(default)[0], "tuned_samples_per_s": stats.log_ci(tuned)[0],
                      "gain": gain, "gain_low": lo, "gain_high": hi, "kept": keep, "why": why})  # fmt: skip
         kept += [str(root / "final" / r) for r in mine[mine.setting == keep].run_id]
+        if keep == "best" and point:
+            knobs[v.name] = point
     tuned_table = pd.DataFrame(rows)
     tuned_table.to_csv(root / TUNED_CSV, index=False)
     text = "default vs tuned (gain: Welch 95% CI on log throughput; the best is kept only when the CI is above 1):\n"
@@ -282,6 +299,9 @@ def finish(root: Path, attempts: list[compare.Attempt], jobs: list[Job], best: d
         text += "\n\nat the kept knobs:\n" + tables.format_table(
             tables.backend_table(per_run), tables.loss_agreement(at_kept)
         )
-        report.write(kept, root / "report", {"md", "html"}, extra={"Default vs tuned (distbench tune)": tuned_table})
+        extra = {"Default vs tuned (distbench tune)": tuned_table}
+        known = {"plan": plan, "knobs": knobs, "command": compare.rerun_command()}
+        said, _ = compare.report_and_decision(kept, root, known, extra)
+        text = f"{said}\n\n{text}" if said else text
         text += f"\nreport: {root / 'report' / 'report.html'}"
     return text
