@@ -236,6 +236,8 @@ def run_variants(names: list[str], opts: AllreduceConfig, nproc: int, root: Path
         ):
             print(f"[allreduce] {run_id}: interrupted", file=sys.stderr, flush=True)
             return failed, run_id
+        if supervisor.interrupted:  # the signal came as it ended: the exit code is the signal's, the sweep whole
+            code = 0
         recorder.mark_abandoned(root / run_id, f"the job exited {code} before the sweep completed")
         outcome = f"FAILED (exit {code})" if code else "ok"
         print(f"[allreduce] {run_id}: {outcome} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

@@ -183,6 +183,8 @@ class Attempt:
     """The run's timed window (run.json, read by `write_comparison`), NaN if it recorded none."""
     interrupted: bool = False
     """A signal to compare (or tune) stopped this job before its run completed."""
+    signalled: bool = False
+    """The signal reached this job; its exit code may then be the signal's even though its run completed."""
 
 
 def new_compare_id() -> str:
@@ -232,12 +234,15 @@ def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Su
                 attempt.returncode = 127
             attempt.job_wall_s = time.perf_counter() - t0
             if supervisor.interrupted:
+                attempt.signalled = True
                 attempt.interrupted = processes.record_interrupted(
                     root / run_id, supervisor.signal_name, f"distbench {label.split()[0]}"
                 )
             results.mark_abandoned(root / run_id, f"the job exited {attempt.returncode} before the run completed")
             if attempt.interrupted:
                 print(f"[{label}] {name}{at} repeat {repeat + 1} interrupted", file=sys.stderr)
+            elif attempt.signalled:
+                print(f"[{label}] {name}{at} repeat {repeat + 1} completed just before the interrupt", file=sys.stderr)
             elif attempt.returncode:
                 print(f"[{label}] {name}{at} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
             attempts.append(attempt)
@@ -342,7 +347,7 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
         stats = by_run.get(str(run_dir.resolve()), {})
         wall = stats.get("timed_wall_s")
         a.timed_wall_s = float(wall) if isinstance(wall, (int, float)) else float("nan")  # for the time line
-        ok = a.returncode == 0 and stats.get("status") == "completed"
+        ok = (a.returncode == 0 or a.signalled) and stats.get("status") == "completed"
         v = planned[a.variant]
         # A run that died before writing run.json has no launcher of its own: the planned one stands in.
         launch = {
