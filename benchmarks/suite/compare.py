@@ -183,6 +183,8 @@ class Attempt:
     """The run's timed window (run.json, read by `write_comparison`), NaN if it recorded none."""
     interrupted: bool = False
     """A signal to compare (or tune) stopped this job before its run completed."""
+    val_strategy: str = "exact"
+    """The run's --val-strategy (`compare --val-strategy a,b`: each strategy its own runs and rows)."""
     signalled: bool = False
     """The signal reached this job; its exit code may then be the signal's even though its run completed."""
 
@@ -219,9 +221,20 @@ def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Su
             run_id = f"{job.run_prefix}-r{repeat}"
             cmd = job.command(root, run_id)
             name = job.variant.given or job.variant.name
+            if len({j.strategy for j in jobs}) > 1:
+                name += f" (val {job.strategy})"
             at = f" ×{job.nproc}" if len({j.nproc for j in jobs}) > 1 else ""
             assert job.cfg.batch_size is not None
-            attempt = Attempt(job.variant.name, job.variant.backend, job.nproc, job.cfg.batch_size, repeat, run_id, cmd)
+            attempt = Attempt(
+                job.variant.name,
+                job.variant.backend,
+                job.nproc,
+                job.cfg.batch_size,
+                repeat,
+                run_id,
+                cmd,
+                val_strategy=job.strategy,
+            )
             print(f"[{label} {len(attempts) + 1}/{total}] {name}{at} repeat {repeat + 1}/{repeats}: "
                   f"{' '.join(cmd[:4])} …", file=sys.stderr, flush=True)  # fmt: skip
             # The same OpenMP setting under every launcher at one world size (torchrun alone would force 1).
@@ -326,7 +339,8 @@ def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) 
 COMPARISON_COLUMNS = ["variant", "backend", "launcher", "controller", "scaling", "nproc", "world_size", "batch_size",
                       "global_batch", "oversubscribed", "repeat", "run_id", "status", "returncode", "command",
                       "samples_per_s", "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
-                      "job_wall_s", "timed_wall_s"]  # fmt: skip
+                      "job_wall_s", "timed_wall_s", "val_strategy", "eval_only", "val_s", "val_samples_per_s",
+                      "val_samples", "val_duplicates", "final_val_exact_loss"]  # fmt: skip
 
 
 def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str) -> tuple[Any, Any]:
@@ -363,15 +377,32 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
 
 def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str = WEAK) -> str:
     """comparison.csv (one row per run, failures included) and the terminal tables."""
-    from benchmarks.analysis import tables
+    import pandas as pd
+
+    from benchmarks.analysis import evaluation, load, tables
 
     full, rs = comparison_frame(root, attempts, jobs, scaling)
     full.reindex(columns=COMPARISON_COLUMNS).to_csv(root / "comparison.csv", index=False)
     labelled = full.assign(backend=tables.backend_labels(full))  # a backend under two launchers: a row each
-    agreement = tables.loss_agreement(rs) if rs is not None else float("nan")  # nan: no run to compare
-    text = tables.format_table(tables.backend_table(labelled), agreement)
-    scale = tables.scaling(labelled)
-    return text + ("\n\n" + tables.format_scaling(scale) if len(scale) else "")
+    strategies = list(labelled.get("val_strategy", pd.Series("exact", index=labelled.index)))
+    # A validation strategy is part of what a row compares, as in the report: never pooled with another's.
+    labelled = labelled.assign(
+        backend=[load.with_strategy(b, s) for b, s in zip(labelled.backend, strategies, strict=True)],
+        variant=[load.with_strategy(v, s) for v, s in zip(labelled.variant, strategies, strict=True)],
+    )
+    only = evaluation.eval_only(labelled)
+    parts = []
+    if not only.all():  # --eval-only trains nothing: its rows are validation's alone
+        agreement = tables.loss_agreement(rs) if rs is not None else float("nan")  # nan: no run to compare
+        training = labelled[~only]
+        parts.append(tables.format_table(tables.backend_table(training), agreement))
+        scale = tables.scaling(training)
+        if len(scale):
+            parts.append(tables.format_scaling(scale))
+    validated = evaluation.validation_table(labelled)
+    if len(validated):
+        parts.append(evaluation.format_validation(validated))
+    return "\n\n".join(parts) if parts else "no run completed"
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
@@ -392,7 +423,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     for option in options.values():
         config.check_values(option)
     knobs = {backend: config.to_argv(option) for backend, option in options.items()}
-    jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads)
+    strategies = variants.parse_strategies(cfg.val_strategy)  # a list here; each job runs one of them
+    jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies)
     check_jobs(jobs)
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
     print(describe(cfg, preset, jobs, args.repeats, args.global_batch), file=sys.stderr)

@@ -109,6 +109,19 @@ def per_rank_batches(global_batch: int, sizes: list[int], accumulate: int) -> di
     return {n: global_batch // (n * accumulate) for n in sizes}
 
 
+def parse_strategies(text: str) -> list[str]:
+    """`--val-strategy exact,sampler`: distinct validation strategies in the order given, each its own runs."""
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    for name in names:
+        if name not in config.VAL_STRATEGIES:
+            raise InputError(f"--val-strategy '{name}' is not one of {', '.join(config.VAL_STRATEGIES)}")
+    if not names:
+        raise InputError(f"--val-strategy is empty; give one or more of {', '.join(config.VAL_STRATEGIES)}")
+    if len(set(names)) != len(names):
+        raise InputError(f"--val-strategy {text} lists a strategy twice; list each once")
+    return names
+
+
 def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
     """The options of a one-process backend in a compare of `nproc` ranks: the same global batch."""
     assert cfg.batch_size is not None
@@ -132,6 +145,11 @@ class Job:
     """Its runs are <run_prefix>-r<repeat>."""
 
     @property
+    def strategy(self) -> str:
+        """Its --val-strategy: part of what a row compares (a strategy's runs are never pooled with another's)."""
+        return self.cfg.val_strategy
+
+    @property
     def ranks(self) -> int:
         return 1 if self.variant.backend in backends.ONE_PROCESS else self.nproc
 
@@ -142,16 +160,23 @@ class Job:
 
 
 def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_batch: int | None,
-             knobs: dict[str, list[str]], threads: int | None = None) -> list[Job]:  # fmt: skip
-    """One job per world size and variant, in the order they interleave. Weak scaling (no `global_batch`)
-    keeps cfg's per-rank batch; strong gives each world size global_batch ÷ (ranks × accumulate) per rank.
-    A one-process variant gets the whole global batch, so it trains on the samples the others do."""
+             knobs: dict[str, list[str]], threads: int | None = None,
+             strategies: list[str] | None = None) -> list[Job]:  # fmt: skip
+    """One job per world size, variant and validation strategy (`strategies`, cfg's own by default), in the
+    order they interleave. Weak scaling (no `global_batch`) keeps cfg's per-rank batch; strong gives each
+    world size global_batch ÷ (ranks × accumulate) per rank. A one-process variant gets the whole global
+    batch, so it trains on the samples the others do. With several strategies a run's name carries its own
+    (`ddp-sampler-r0`)."""
     batches = per_rank_batches(global_batch, sizes, cfg.accumulate) if global_batch else {}
+    strategies = strategies or [cfg.val_strategy]
     jobs = []
     for n in sizes:
         at_n = dataclasses.replace(cfg, batch_size=batches.get(n, cfg.batch_size))
         for v in chosen:
             mine = one_process(at_n, n) if v.backend in backends.ONE_PROCESS else at_n
             prefix = v.slug if len(sizes) == 1 else f"{v.slug}-w{n}"
-            jobs.append(Job(v, n, mine, knobs.get(v.backend, []), threads or launch.default_threads(n), prefix))
+            for strategy in strategies:
+                named = prefix if len(strategies) == 1 else f"{prefix}-{strategy}"
+                job_cfg = dataclasses.replace(mine, val_strategy=strategy)
+                jobs.append(Job(v, n, job_cfg, knobs.get(v.backend, []), threads or launch.default_threads(n), named))
     return jobs

@@ -141,3 +141,21 @@ def test_bad_validation_options_are_refused_in_one_line(changes: dict[str, Any],
     with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")) as exc:
         validate("ddp", workloads.resolve(RunConfig(**changes)))
     assert "\n" not in str(exc.value)
+
+
+def test_compare_runs_each_strategy_as_its_own_job() -> None:
+    from benchmarks.suite import variants
+
+    cfg = workloads.resolve(RunConfig(workload="linear"))
+    chosen = variants.parse("ddp,horovod")
+    strategies = variants.parse_strategies("exact, sampler")
+    jobs = variants.jobs_for(cfg, chosen, [1, 2], None, {}, None, strategies)
+    assert [(j.run_prefix, j.cfg.val_strategy) for j in jobs[:4]] == [
+        ("ddp-w1-exact", "exact"), ("ddp-w1-sampler", "sampler"), ("horovod-w1-exact", "exact"),
+        ("horovod-w1-sampler", "sampler"),
+    ]  # fmt: skip
+    assert [j.run_prefix for j in variants.jobs_for(cfg, chosen, [2], None, {})] == ["ddp", "horovod"]  # as before
+    for text, words in (("exact,shuffled", "'shuffled' is not one of"), ("exact,exact", "lists a strategy twice"),
+                        (",", "is empty")):  # fmt: skip
+        with pytest.raises(InputError, match=words):
+            variants.parse_strategies(text)
