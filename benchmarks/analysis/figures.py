@@ -83,7 +83,8 @@ def scaling_efficiency(table: pd.DataFrame, path: Path) -> Path:
 
 def scaling_figure(table: pd.DataFrame) -> plt.Figure:
     """Throughput against ranks (left) and scaling efficiency T(n) / (n × T(1)) (right), per variant, with
-    95 % intervals where there are any; oversubscribed world sizes get a hollow marker."""
+    95 % intervals where there are any; oversubscribed world sizes get a hollow marker. With the scaling
+    table's evaluation columns (evaluation.eval_scaling), evaluation's efficiency is dashed beside it."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     name = "variant" if "variant" in table else "backend"
     over_any = False
@@ -102,6 +103,9 @@ def scaling_figure(table: pd.DataFrame) -> plt.Figure:
             over_any |= bool(over.any())
             ax.plot(rows.world_size[~over], rows[column][~over], "o", color=color)
             ax.plot(rows.world_size[over], rows[column][over], "o", mfc="white", mec=color, mew=1.5)
+        if "val_efficiency" in rows and rows["val_efficiency"].notna().any():  # evaluation's, dashed
+            right.plot(rows.world_size, rows["val_efficiency"], "--", marker="^", ms=4, color=color,
+                       label=f"{variant} evaluation")  # fmt: skip
         if "vs_single" in rows and rows["vs_single"].notna().any():
             right.plot(
                 rows.world_size, rows["vs_single"], ":", marker="s", ms=4, color=color, label=f"{variant} vs single"

@@ -82,7 +82,7 @@ def write(
     per_run = per_run[~evaluated]  # training's tables, plots and decision; eval-only runs are validation's
     table = tables.backend_table(per_run)
     summary = tables.format_table(table, tables.loss_agreement(rs))
-    scale = tables.scaling(per_run)
+    scale = evaluation.eval_scaling(tables.scaling(per_run), per_run)  # evaluation's beside training's
     if len(scale):
         summary += "\n\n" + tables.format_scaling(scale)
     if len(validated):
@@ -115,7 +115,7 @@ def write(
     if len(scale):
         sections[
             "Scaling (efficiency T(n) / (n × T(1)): each variant against its own 1-rank runs and against single)"
-        ] = evaluation.eval_scaling(scale, per_run)  # evaluation's beside training's
+        ] = scale
     if len(validated):
         sections["Distributed validation (per strategy and world size; docs/evaluation.md)"] = validated
     sections.update(explained.tables)
