@@ -59,8 +59,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if info.rank == 0:
             error(exc.strerror)
         return 1
-    except harness.RunFailed:
-        return 1  # rank 0 has said it in one line; run.json holds it
+    except harness.RunFailed as exc:
+        return exc.exit_code  # rank 0 has said it in one line; run.json holds it
     if run_dir is not None:
         print(run_dir)
     return 0

@@ -34,7 +34,11 @@ STOP_SIGNALS = {
 
 
 class Terminated(RuntimeError):
-    """The launcher (or a user) sent SIGTERM or SIGINT."""
+    """The launcher (or a user) sent SIGTERM or SIGINT (`signum`), or the launcher is gone (None)."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 def install_signal_watcher(on_signal: Callable[[str], None]) -> None:
@@ -46,7 +50,7 @@ def install_signal_watcher(on_signal: Callable[[str], None]) -> None:
     _wakeup_sockets.extend((read_end, write_end))
 
     def handler(signum: int, frame: Any) -> None:
-        raise Terminated(STOP_SIGNALS[signal.Signals(signum)])
+        raise Terminated(STOP_SIGNALS[signal.Signals(signum)], signum)
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, handler)

@@ -100,6 +100,11 @@ parent changes has lost its launcher. Not python (a shell may leave a run it sta
 class RunFailed(RuntimeError):
     """A run that started failed; its error is recorded in run.json (rank 0), and this says it in one line."""
 
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        """1, or 128 + the signal that stopped it, as the signal watcher thread would exit."""
+
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, guard.Terminated):  # says which signal already, as the watcher thread would
@@ -246,19 +251,28 @@ def run(
     recorder: results.Recorder | None = None
     run_dir: Path | None = None
 
+    # Held while a failure is written: the signal watcher exits the process right after its own (skipped)
+    # record, which must not cut short the main thread's write of run.json.
+    recording = threading.Lock()
+
     def record_failure(error: str) -> None:
-        if recorder is not None and recorder.meta["status"] == "running":
-            notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != backend.rank]
-            if notes:
-                root = notes[0]
-            elif PEER_LOST.search(error):  # a rank killed or hung leaves no note: rank 0 only saw it go
-                root = {"rank": None, "error": f"another rank died or stopped answering (rank 0 saw: {error})"}
-            else:
-                root = {"rank": backend.rank, "error": error}
-            recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
-                            rank0_error=error)  # fmt: skip
-        elif run_dir is not None and backend.rank != 0:
-            guard.write_failure_note(run_dir, backend.rank, error)
+        held = recording.acquire(timeout=results.FINISH_LOCK_WAIT_S)
+        try:
+            if recorder is not None and recorder.meta["status"] == "running":
+                notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != backend.rank]
+                if notes:
+                    root = notes[0]
+                elif PEER_LOST.search(error):  # a rank killed or hung leaves no note: rank 0 only saw it go
+                    root = {"rank": None, "error": f"another rank died or stopped answering (rank 0 saw: {error})"}
+                else:
+                    root = {"rank": backend.rank, "error": error}
+                recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
+                                rank0_error=error)  # fmt: skip
+            elif run_dir is not None and backend.rank != 0:
+                guard.write_failure_note(run_dir, backend.rank, error)
+        finally:
+            if held:
+                recording.release()
 
     said = threading.Lock()  # the main thread, the SIGTERM watcher and the watchdog may all fail the run
 
@@ -329,7 +343,8 @@ def run(
             raise guard.Terminated(f"the launcher (pid {parent}) is gone, so the job was stopped")
         if recorder is not None:
             recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
-            recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
+            with recording:  # a signal now waits for the write, and finds the run completed
+                recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
             return recorder.run_dir
         return None
     except BaseException as exc:
@@ -341,7 +356,8 @@ def run(
             else:
                 record_failure(_describe(exc))
             raise  # bad input and a full disk have their own one line; SystemExit keeps its code
-        raise RunFailed(fail(_describe(exc))) from exc
+        signum = exc.signum if isinstance(exc, guard.Terminated) else None
+        raise RunFailed(fail(_describe(exc)), 128 + signum if signum else 1) from exc
     finally:
         watchdog.beat()  # shutting down may wait on peers too; give it a full timeout
         backend.shutdown()

@@ -22,6 +22,7 @@ from tests.conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run
 TINY = ["--workload", "linear", "--epochs", "30", "--warmup-steps", "1", "--compute-baseline-steps", "0", "--quiet"]
 GONE_WITHIN_S = 15
 VARIANTS = {"torchrun": "ddp@torchrun", "horovodrun": "horovod@gloo", "mpirun": "ddp@mpirun"}
+INTERRUPTED = "interrupted by SIGINT (Ctrl-C, or a launcher or distbench compare passing it on)"
 
 
 def _processes() -> dict[int, tuple[int, int, str]]:
@@ -207,3 +208,22 @@ def test_run_interrupted_under_a_launcher_is_failed_never_completed(tmp_path, la
     said = {signal.SIGINT: ("SIGINT", "SIGTERM"), signal.SIGKILL: ("launcher", "another rank")}[signum]
     assert meta["error"].startswith(("interrupted", "terminated", "the launcher", "another rank")), meta["error"]
     assert any(word in meta["error"] for word in said), meta["error"]
+
+
+@pytest.mark.timeout(120)
+def test_sigint_to_a_plain_run_records_it_failed_in_one_line(tmp_path) -> None:
+    """No launcher: the main thread and the signal watcher both see it; run.json is written all the same."""
+    for attempt in range(3):  # the two threads race differently each time
+        run_dir = tmp_path / f"r{attempt}"
+        proc = _start([*CLI, "run", "--backend", "single", *TINY, "--epochs", "300", "--out", str(tmp_path),
+                       "--run-id", run_dir.name])  # fmt: skip
+        _wait_for(run_dir / "timing.csv", proc)
+        time.sleep(0.5 + attempt * 0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert [line for line in err.splitlines() if line.startswith("distbench:")] == [
+            f"distbench: error: run failed on rank 0: {INTERRUPTED}; details in {run_dir / 'run.json'}"
+        ], err
+        meta = json.loads((run_dir / "run.json").read_text())
+        assert (meta["status"], meta["error"]) == ("failed", INTERRUPTED)
