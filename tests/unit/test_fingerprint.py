@@ -108,3 +108,12 @@ def test_on_cuda_nondeterministic_kernels_are_named(tmp_path) -> None:
         make_run(tmp_path, run_id, backend, ONE_RANK, wall=1.0, val=[val], meta=on_cuda)
     agreement = tables.loss_agreement(load.load_runs(tmp_path))
     assert "nondeterministic kernels" in agreement.explanation, agreement.explanation
+
+
+def test_a_large_in_memory_split_is_hashed_by_spread_rows(monkeypatch) -> None:
+    monkeypatch.setattr(fingerprint, "WHOLE_TENSOR_BYTES", 1000)
+    monkeypatch.setattr(fingerprint, "TENSOR_ROWS", 16)
+    x = torch.randn(500, 4, generator=torch.Generator().manual_seed(2))
+    sampled = fingerprint.of_split((x, x.sum(1)))
+    assert sampled["items"] == 16 and sampled == fingerprint.of_split((x.clone(), x.sum(1)))
+    assert fingerprint.of_split((x[:-1], x[:-1].sum(1))) != sampled  # the shape counts, and the last row is hashed
