@@ -210,7 +210,7 @@ def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload
         )
     steps = shard // cfg.batch_size // cfg.accumulate  # what sharding.train_batches gives each rank
     steps = min(steps, cfg.steps_per_epoch or steps)
-    if cfg.epochs * steps <= cfg.warmup_steps:
+    if cfg.epochs * steps <= cfg.warmup_steps and not cfg.eval_only:  # --eval-only times no training step
         raise config.no_timed_steps(cfg, steps)
     return workload
 
