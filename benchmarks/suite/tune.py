@@ -24,7 +24,7 @@ from typing import Any
 import backends
 from benchmarks import config, errors
 from benchmarks.errors import InputError
-from benchmarks.suite import compare, precision, variants
+from benchmarks.suite import compare, options, precision, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.variants import Job, Variant
 
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"is beyond noise. With no options: {variants.DEFAULT} on compare's transformer preset, 2 ranks, "
         f"{DEFAULT_TIME} on 2 cores."
     )
-    compare.add_variant_options(parser, scaling=False)
+    options.add_variant_options(parser, scaling=False)
     parser.add_argument(
         "--grid",
         default=None,
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"steps of each sweep run, warm-up included (one epoch) (default: {TUNE_STEPS})",
     )
     parser.add_argument("--tune-repeats", type=int, default=1, help="repeats of each sweep point (default: 1)")
-    compare.add_preset_defaults(parser)
+    options.add_preset_defaults(parser)
 
 
 def load_grid(path: str | None) -> dict[str, dict[str, list[Any]]]:
@@ -116,8 +116,8 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
-def knob_argv(options: Any, point: dict[str, Any]) -> list[str]:
-    return config.to_argv(dataclasses.replace(options, **point))
+def knob_argv(own: Any, point: dict[str, Any]) -> list[str]:
+    return config.to_argv(dataclasses.replace(own, **point))
 
 
 def describe_point(point: dict[str, Any]) -> str:
@@ -128,7 +128,7 @@ def command(args: argparse.Namespace) -> int:
     """`distbench tune`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
     started = time.perf_counter()
     try:
-        cfg, _ = compare.effective_config(args)
+        cfg, _ = options.effective_config(args)
         chosen = variants.parse(args.backends, args.launcher)
         nproc = variants.parse_nproc(args.nproc)
         if len(nproc) != 1:
