@@ -214,6 +214,12 @@ def decide(
     if not len(per_run) or "samples_per_s" not in per_run:
         return decision
     runs = per_run.assign(variant=per_run["variant"].fillna(per_run["backend"]))
+    # The training decision: a validation strategy changes no training step, so the runs of one variant under
+    # several strategies are the same training; decide on the default (exact) ones, never on eval-only runs.
+    if "eval_only" in runs:
+        runs = runs[~runs["eval_only"].fillna(False).astype(bool)]
+    if "val_strategy" in runs and (runs["val_strategy"].fillna("exact") == "exact").any():
+        runs = runs[runs["val_strategy"].fillna("exact") == "exact"]
     over = runs.get("oversubscribed", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
     runs = runs.assign(oversubscribed=over)
     largest = runs[~runs.oversubscribed].groupby("workload")["world_size"].max()
