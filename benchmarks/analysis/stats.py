@@ -155,16 +155,17 @@ def stein_ratio_ci(
 
 def runs_to_resolve(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> int | None:
     """An estimate of the runs per variant after which a ratio of the size observed between `a` and `b`
-    would have an interval excluding 1, at their measured spread; None without a spread or a difference."""
+    would have a Welch interval excluding 1, at their measured spreads: always more runs than either has
+    now (the interval from those did not exclude 1); None without a spread or a difference."""
     x, y = _logs(a), _logs(b)
     if len(x) < 2 or len(y) < 2:
         return None
     diff = abs(float(x.mean() - y.mean()))
-    s2 = (float(((x - x.mean()) ** 2).sum()) + float(((y - y.mean()) ** 2).sum())) / (len(x) + len(y) - 2)
-    if diff == 0 or s2 == 0:
+    vx, vy = float(x.var(ddof=1)), float(y.var(ddof=1))
+    if diff == 0 or vx + vy == 0:
         return None
-    n = MIN_RUNS
-    for _ in range(5):  # n = 2 s² (t / d)², with t's degrees of freedom from the n it gives: converges fast
-        t = float(stats.t.ppf((1 + confidence) / 2, 2 * n - 2))
-        n = max(MIN_RUNS, int(np.ceil(2 * s2 * (t / diff) ** 2)) + 1)
-    return n
+    n = max(MIN_RUNS, len(x), len(y))
+    for _ in range(8):  # n = (vx + vy) (t / d)², t on the Welch degrees of freedom at n runs each
+        df = (n - 1) * (vx + vy) ** 2 / (vx**2 + vy**2)
+        n = max(n, int(np.ceil((vx + vy) * (float(stats.t.ppf((1 + confidence) / 2, df)) / diff) ** 2)))
+    return max(n, len(x) + 1, len(y) + 1)
