@@ -130,15 +130,29 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
+def _of_setup(runs: pd.DataFrame, row: Any) -> pd.DataFrame:
+    """The runs of `row`'s setup (workload, global batch, world size)."""
+    for key in SETUP:
+        runs = runs[runs[key] == getattr(row, key)]
+    return runs
+
+
 def _difference(runs: pd.DataFrame | None, row: Any, base: Any, part: str) -> tuple[float, float, float, int]:
     """`part`'s mean difference (row − base) over the setup's runs, its Welch interval and the fewest runs."""
     if runs is None or not len(runs):
         return np.nan, np.nan, np.nan, 0
-    here = runs
-    for key in SETUP:
-        here = here[here[key] == getattr(row, key)]
+    here = _of_setup(runs, row)
     a, b = here[here.variant == row.variant][part].dropna(), here[here.variant == base.variant][part].dropna()
     return (*stats.diff_ci(a, b), min(len(a), len(b)))
+
+
+def _exposed_low(runs: pd.DataFrame | None, row: Any) -> float:
+    """The lower bound of `row`'s variant's exposed communication (95 % t-interval over its runs); NaN with
+    fewer than stats.MIN_RUNS runs."""
+    if runs is None or not len(runs):
+        return np.nan
+    here = _of_setup(runs, row)
+    return _mean_ci(here[here.variant == row.variant]["exposed_comm_ms"])[1]
 
 
 def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.DataFrame | None = None) -> list[str]:
@@ -189,7 +203,9 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
                 beyond = [f"{r.variant} {r.raw_exposed_comm_ms - r.allreduce_alone_ms:.1f} ms" for r in (row, base)
                           if r.raw_exposed_comm_ms > r.allreduce_alone_ms]  # fmt: skip
                 if beyond:
-                    overhead = " (framework overhead)" if fewest >= stats.MIN_RUNS else ""
+                    # Overhead is named only when the whole interval of a variant's exposed time lies beyond it.
+                    named = [r for r in (row, base) if _exposed_low(runs, r) > r.allreduce_alone_ms]
+                    overhead = " (framework overhead)" if named else ""
                     text += f"; exposed time beyond the allreduce alone{overhead}: {', '.join(beyond)}"
             else:
                 text += (f"; no `distbench allreduce` results for {row.world_size} ranks ({row.raw_dtype}) among the "
