@@ -92,6 +92,8 @@ PEER_LOST = re.compile(
 watchdog, or the launcher's SIGTERM sent because a rank exited."""
 
 
+RECORD_WAIT_S = 20.0
+
 LAUNCHER_PARENTS = (launch.TORCHRUN, launch.MPIRUN, launch.HOROVODRUN)
 """Launchers whose ranks are their own children (horovodrun's through a shell it watches): a rank whose
 parent changes has lost its launcher. Not python (a shell may leave a run it started) nor srun."""
@@ -252,11 +254,12 @@ def run(
     run_dir: Path | None = None
 
     # Held while a failure is written: the signal watcher exits the process right after its own (skipped)
-    # record, which must not cut short the main thread's write of run.json.
+    # record, which must not cut short the main thread's write of run.json (an fsync can take seconds on a
+    # busy disk). Bounded: a signal's exception between acquire and try would leave it held by nobody.
     recording = threading.Lock()
 
     def record_failure(error: str) -> None:
-        held = recording.acquire(timeout=results.FINISH_LOCK_WAIT_S)
+        held = recording.acquire(timeout=RECORD_WAIT_S)
         try:
             if recorder is not None and recorder.meta["status"] == "running":
                 notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != backend.rank]
