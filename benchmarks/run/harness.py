@@ -285,7 +285,8 @@ def run(
         meta = recorder.meta if recorder is not None else {"error": error}
         rank = f" on rank {meta['failed_rank']}" if meta.get("failed_rank") is not None else ""
         where = f"; details in {recorder.run_dir / 'run.json'}" if recorder is not None else ""
-        message = f"run failed{rank}: {meta['error']}{where}"
+        # The recorder's lock may be held elsewhere when a signal comes: its meta then lacks the error.
+        message = f"run failed{rank}: {meta.get('error') or error}{where}"
         if backend.rank == 0 and said.acquire(blocking=False):
             print(f"distbench: error: {message}", file=sys.stderr, flush=True)
         return message
