@@ -106,14 +106,20 @@ class Supervisor:
         """The first stop signal received, None while none has been."""
         self.tree: Tree | None = None
         self._old: dict[int, object] = {}
+        self._old_wakeup = -1
 
     def __enter__(self) -> Supervisor:
         self._old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        # A run made in this process earlier (a test, a notebook) leaves a signal watcher thread reading the
+        # wakeup fd, which would end the process on our signal: it must not see the signals meant for here.
+        self._old_wakeup = signal.set_wakeup_fd(-1)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._old.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        if self._old_wakeup != -1:
+            signal.set_wakeup_fd(self._old_wakeup, warn_on_full_buffer=False)
 
     @property
     def interrupted(self) -> bool:
