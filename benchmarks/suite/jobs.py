@@ -33,6 +33,7 @@ GRACE_S = 5.0
 signal on and wait for their ranks; a rank records its run as failed first)."""
 LEFTOVER_S = 2.0
 """How long processes of a job that ended by itself may outlive its launcher before they are killed."""
+KILL_WAIT_S = 5.0
 POLL_S = 0.25
 STARTUP_POLLS = 40
 """Polls (10 s) during which the tree is looked at every time; then every 2 s, which costs the measured
@@ -179,6 +180,9 @@ class Supervisor:
             time.sleep(POLL_S)
         if tree.alive():
             tree.kill()
+        gone_by = time.monotonic() + KILL_WAIT_S  # SIGKILL is not instant: return once they are gone
+        while tree.alive() and time.monotonic() < gone_by:
+            time.sleep(0.05)
 
     def _copy(self, stream: IO[bytes], path: Path) -> None:
         log: IO[bytes] | None = None
