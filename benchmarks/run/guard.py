@@ -34,23 +34,23 @@ STOP_SIGNALS = {
 
 
 class Terminated(RuntimeError):
-    """The launcher (or a user) sent SIGTERM or SIGINT (`signum`), or the launcher is gone (None)."""
-
-    def __init__(self, message: str, signum: int | None = None) -> None:
-        super().__init__(message)
-        self.signum = signum
+    """The launcher that started this rank is gone."""
 
 
 def install_signal_watcher(on_signal: Callable[[str], None]) -> None:
-    """Call `on_signal(why)` from a thread when SIGTERM or SIGINT arrives, then exit 128 + the signal if
-    the main thread has not: a rank blocked inside a collective runs no Python signal handler."""
+    """Call `on_signal(why)` from a thread when SIGTERM or SIGINT arrives, then exit 128 + the signal.
+
+    The thread alone acts: a rank blocked inside a collective runs no Python signal handler, and one
+    that raised in the main thread would land anywhere — inside Horovod (which rewraps it), or between a
+    lock's acquire and its `with` block, leaving the lock held while the failure waits for it past the
+    5 s horovodrun's middleman gives before SIGKILL."""
     read_end, write_end = socket.socketpair()
     read_end.setblocking(True)
     write_end.setblocking(False)
     _wakeup_sockets.extend((read_end, write_end))
 
     def handler(signum: int, frame: Any) -> None:
-        raise Terminated(STOP_SIGNALS[signal.Signals(signum)], signum)
+        """Nothing: a Python handler must be set for the signal to reach the wakeup fd."""
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, handler)

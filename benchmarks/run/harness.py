@@ -102,14 +102,12 @@ parent changes has lost its launcher. Not python (a shell may leave a run it sta
 class RunFailed(RuntimeError):
     """A run that started failed; its error is recorded in run.json (rank 0), and this says it in one line."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        """1, or 128 + the signal that stopped it, as the signal watcher thread would exit."""
+    exit_code = 1
+    """A signal's stop exits 128 + the signal from the watcher thread instead (benchmarks.run.guard)."""
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, guard.Terminated):  # says which signal already, as the watcher thread would
+    if isinstance(exc, guard.Terminated):  # says why in words already
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
@@ -255,7 +253,7 @@ def run(
 
     # Held while a failure is written: the signal watcher exits the process right after its own (skipped)
     # record, which must not cut short the main thread's write of run.json (an fsync can take seconds on a
-    # busy disk). Bounded: a signal's exception between acquire and try would leave it held by nobody.
+    # busy disk). Bounded all the same: a failure must be written even if the lock is never released.
     recording = threading.Lock()
 
     def record_failure(error: str) -> None:
@@ -291,7 +289,12 @@ def run(
             print(f"distbench: error: {message}", file=sys.stderr, flush=True)
         return message
 
-    guard.install_signal_watcher(fail)
+    def stop_on_signal(why: str) -> None:
+        fail(why)
+        if recorder is not None:  # the process exits next: no row may be half-appended when it does
+            recorder.lock.acquire(timeout=RECORD_WAIT_S)
+
+    guard.install_signal_watcher(stop_on_signal)
     # Under a launcher, the parent is the launcher: one killed outright cannot stop its ranks any more.
     parent = os.getppid() if info.launcher in LAUNCHER_PARENTS else None
     watchdog = guard.Watchdog(cfg.timeout, fail, parent=parent)  # its grace lets collectives' timeouts fire first
@@ -360,8 +363,7 @@ def run(
             else:
                 record_failure(_describe(exc))
             raise  # bad input and a full disk have their own one line; SystemExit keeps its code
-        signum = exc.signum if isinstance(exc, guard.Terminated) else None
-        raise RunFailed(fail(_describe(exc)), 128 + signum if signum else 1) from exc
+        raise RunFailed(fail(_describe(exc))) from exc
     finally:
         watchdog.beat()  # shutting down may wait on peers too; give it a full timeout
         backend.shutdown()
