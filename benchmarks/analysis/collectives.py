@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.analysis import tables
+from benchmarks.analysis import terminal
 from benchmarks.analysis.load import find_run_dirs
 from benchmarks.config import DTYPES, format_size
 from benchmarks.run import collectives as rank_side
@@ -277,7 +277,7 @@ class AllreduceSection:
             ("Bus bandwidth (GB/s)", self.busbw),
             ("Time per allreduce (µs)", self.time_us),
         ):
-            parts += [f"### {title}", "", tables.markdown_table(frame, missing="—"), ""]
+            parts += [f"### {title}", "", terminal.markdown_table(frame, missing="—"), ""]
         for png in self.figures:
             rel = png.relative_to(figure_dir) if figure_dir and png.is_relative_to(figure_dir) else png.name
             parts += [f"![{png.stem}]({rel})", ""]

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from backends import ONE_PROCESS
-from benchmarks.analysis import figures, stats
+from benchmarks.analysis import figures, stats, terminal
 
 COLUMNS = [
     "workload", "variant", "val_strategy", "eval_only", "world_size", "val_size", "runs", "val_s", "val_s_low",
@@ -145,8 +145,8 @@ def format_validation(table: pd.DataFrame) -> str:
         f"{'samples (dup.)':>16} {'loss − exact':>12}",
     ]
     for row in table.to_dict("records"):
-        time = _interval(row["val_s"], row["val_s_low"], row["val_s_high"], 4)
-        speedup = _interval(row["speedup"], row["speedup_low"], row["speedup_high"], 2)
+        time = terminal.interval(row["val_s"], row["val_s_low"], row["val_s_high"], ".4g")
+        speedup = terminal.interval(row["speedup"], row["speedup_low"], row["speedup_high"], ".2g")
         if str(row["note"]).startswith("the base"):
             speedup = "1 (base)"
         samples = f"{int(row['val_samples'])} ({int(row['val_duplicates'])})"
@@ -155,14 +155,6 @@ def format_validation(table: pd.DataFrame) -> str:
         lines.append(f"{row['variant']:<{width}} {row['world_size']:>5} {time:>26} {speedup:>22} {bound:>7} "
                      f"{samples:>16} {row['loss_difference']:>12.3g}{mark}")  # fmt: skip
     return "\n".join(lines)
-
-
-def _interval(value: float, lo: float, hi: float, digits: int) -> str:
-    if pd.isna(value):
-        return "-"
-    if pd.isna(lo):
-        return f"{value:.{digits}g} (no CI: n<{stats.MIN_RUNS})"
-    return f"{value:.{digits}g} ({lo:.{digits}g}–{hi:.{digits}g})"
 
 
 def scaling_figure(table: pd.DataFrame, path: Path) -> Path | None:

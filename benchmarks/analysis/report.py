@@ -17,7 +17,7 @@ import jinja2
 import numpy as np
 import pandas as pd
 
-from benchmarks.analysis import collectives, context, decision, evaluation, figures, load, tables, why
+from benchmarks.analysis import collectives, context, decision, evaluation, figures, load, tables, terminal, why
 from benchmarks.analysis.load import RunSet
 
 __all__ = ["RunSet", "write"]
@@ -81,10 +81,10 @@ def write(
         return _evaluation_page(per_run, validated, out, formats)
     per_run = per_run[~evaluated]  # training's tables, plots and decision; eval-only runs are validation's
     table = tables.backend_table(per_run)
-    summary = tables.format_table(table, tables.loss_agreement(rs))
+    summary = terminal.format_table(table, tables.loss_agreement(rs))
     scale = evaluation.eval_scaling(tables.scaling(per_run), per_run)  # evaluation's beside training's
     if len(scale):
-        summary += "\n\n" + tables.format_scaling(scale)
+        summary += "\n\n" + terminal.format_scaling(scale)
     if len(validated):
         summary += "\n\n" + evaluation.format_validation(validated)
     names = dict(zip(per_run.run_key.astype(str), per_run.backend.astype(str), strict=True))  # launchers split
@@ -182,7 +182,7 @@ def _write_files(page: Page, out: Path, formats: set[str]) -> None:
         d["status_class"] = d["status"] if d["status"] in ("unresolved", "none") else "resolved"
     common = {"headline": page.headline, "decisions": decisions, "why": page.why, "summary": page.summary}
     if "md" in formats:
-        md_tables = [{"title": t, "markdown": tables.markdown_table(f)} for t, f in page.tables.items()]
+        md_tables = [{"title": t, "markdown": terminal.markdown_table(f)} for t, f in page.tables.items()]
         images = [{"name": p.stem, "file": p.name} for p in page.images]
         text = TEMPLATES.get_template("report.md.j2").render(**common, images=images, tables=md_tables)
         (out / "report.md").write_text(text)

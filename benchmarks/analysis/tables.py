@@ -1,5 +1,5 @@
-"""Statistics over loaded runs: per-run numbers, per-backend tables with intervals, scaling, the
-terminal table.
+"""Statistics over loaded runs: per-run numbers, per-backend tables with intervals, scaling (printed
+by `benchmarks.analysis.terminal`).
 
 Runs are keyed by `run_key` (their directory). Throughput ratios are taken only between runs of the
 same setup — workload, global batch and world size — so a table never mixes them in one ratio.
@@ -12,13 +12,13 @@ import pandas as pd
 
 from backends import ONE_PROCESS
 from benchmarks.analysis import stats
-from benchmarks.analysis.agreement import Agreement, loss_agreement, setup_words
+from benchmarks.analysis.agreement import Agreement, loss_agreement
 from benchmarks.analysis.load import MEMORY_COLUMNS, VALIDATION_COLUMNS, RunSet, with_strategy
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
-    "Agreement", "backend_labels", "backend_table", "format_scaling", "format_table", "loss_agreement",
-    "per_run_stats", "phase_breakdown", "scaling",
+    "Agreement", "backend_labels", "backend_table", "loss_agreement", "per_run_stats", "phase_breakdown",
+    "scaling",
 ]  # fmt: skip
 
 SETUP = ("workload", "global_batch", "world_size")
@@ -322,115 +322,7 @@ def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SCALING_COLUMNS)
 
 
-def format_scaling(table: pd.DataFrame) -> str:
-    """The scaling table for the terminal: throughput and efficiency per variant and world size."""
-    width = max([10, *(len(str(v)) for v in table.variant)])
-    lines = [
-        "scaling (efficiency = T(n) / (n × T(1)), against the variant's own 1-rank runs and against single):",
-        f"{'variant':<{width}} {'ranks':>5} {'samples/s (95% CI)':>26} {'efficiency (95% CI)':>22} "
-        f"{'vs single (95% CI)':>22}",
-    ]
-    for row in table.to_dict("records"):
-        sps = _interval(row["samples_per_s"], row["ci_low"], row["ci_high"], row["runs"])
-        is_base = str(row["note"]).startswith("the base")
-        eff = _interval(row["efficiency"], row["efficiency_low"], row["efficiency_high"], None, is_base)
-        vs = _interval(row["vs_single"], row["vs_single_low"], row["vs_single_high"], None)
-        mark = "  oversubscribed" if row["oversubscribed"] else ""
-        lines.append(f"{row['variant']:<{width}} {row['world_size']:>5} {sps:>26} {eff:>22} {vs:>22}{mark}")
-    modes = " and ".join(dict.fromkeys(table.scaling))
-    over = "; oversubscribed: more ranks than cores, so time-slicing, not scaling" if table.oversubscribed.any() else ""
-    lines.append(f"{modes} scaling; intervals as above (ratios: Welch on log throughput, ÷ ranks){over}.")
-    return "\n".join(lines)
-
-
-def _interval(value: float, lo: float, hi: float, n: int | None, base: bool = False) -> str:
-    if pd.isna(value):
-        return "-"
-    if base:
-        return f"{value:.2f} (base)"
-    digits = 1 if n is not None else 2
-    if pd.isna(lo):
-        return f"{value:.{digits}f} (no CI: n<{stats.MIN_RUNS})"
-    return f"{value:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
-
-
-def memory_range(row: dict) -> str:
-    """Peak memory per rank, smallest–largest rank, in MB: CUDA's allocated peak on GPU, else the RSS peak."""
-    for low, high in (
-        ("cuda_max_allocated_mb_min", "cuda_max_allocated_mb_max"),
-        ("peak_rss_mb_min", "peak_rss_mb_max"),
-    ):
-        if pd.notna(row.get(low)) and pd.notna(row.get(high)):
-            return f"{row[low]:.0f}" if round(row[low]) == round(row[high]) else f"{row[low]:.0f}–{row[high]:.0f}"
-    return "-"
-
-
 def oversubscribed_words(world_size: int, cpus: pd.Series) -> str:
     """'3 ranks on 2 cores: this measures time-slicing, not scaling' (cores from run.json `cpus`)."""
     cores = f"{int(cpus.iloc[0])} cores" if len(cpus) else "fewer cores"
     return f"{world_size} ranks on {cores}: this measures time-slicing, not scaling"
-
-
-def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
-    """The terminal table `compare` and `report` print: one block per setup, then what to read into it."""
-    width = max([10, *(len(str(b)) for b in table.get("backend", []))])  # `ddp (torchrun)` is longer than 10
-    header = (
-        f"{'backend':<{width}} {'ok/fail':>7} {'samples/s (95% CI)':>26} {'ratio (95% CI)':>24} "
-        f"{'p50 step':>9} {'p99 step':>9} {'train loss':>10} {'val loss':>9} {'peak MB/rank':>13}"
-    )
-    lines, verdicts, warnings = [], [], []
-    blocks = setups(table)
-    for setup, group in blocks:
-        over = group["oversubscribed"].dropna() if "oversubscribed" in group else pd.Series([], dtype=object)
-        if setup:
-            lines.append(setup_words(setup) + (f" — OVERSUBSCRIBED: {over.iloc[0]}" if len(over) else ""))
-        where = f"{setup_words(setup)}: " if len(blocks) > 1 else ""  # which block a line below is about
-        if len(over):
-            where = f"{where}(oversubscribed, {over.iloc[0]}) "
-        lines.append(header)
-        base = None
-        for row in group.to_dict("records"):
-            okfail = f"{row['runs_ok']}/{row['runs_failed']}"
-            if not row["runs_ok"]:
-                where = row.get("error") if isinstance(row.get("error"), str) else "see the run's run.json"
-                lines.append(f"{row['backend']:<{width}} {okfail:>7}   FAILED: {where}")
-                continue
-            is_base = base is None
-            base = base or row["backend"]
-            sps = _interval(row["samples_per_s"], row["ci_low"], row["ci_high"], row["runs_ok"])
-            ratio = _interval(row.get("ratio", np.nan), row.get("ratio_low"), row.get("ratio_high"), None, is_base)
-            lines.append(
-                f"{row['backend']:<{width}} {okfail:>7} {sps:>26} {ratio:>24} {row['step_p50_s']:>9.4f} "
-                f"{row['step_p99_s']:>9.4f} {row['final_train_loss']:>10.4f} {row['final_val_loss']:>9.4f} "
-                f"{memory_range(row):>13}"
-            )
-            if not is_base:
-                verdict = stats.verdict(row["backend"], base, row["ratio"], row["ratio_low"], row["ratio_high"])
-                verdicts.append(where + verdict)
-            if isinstance(row.get("warning"), str) and row["warning"]:
-                warnings.append(f"warning: {where}{row['backend']}: {row['warning']}: throughput this short is mostly "
-                                "noise; time more steps (--steps-per-epoch, --epochs)")  # fmt: skip
-            if row["runs_failed"] and isinstance(row.get("error"), str):
-                warnings.append(f"{where}{row['backend']}: {row['runs_failed']} run(s) failed: {row['error']}")
-    if not isinstance(agreement, Agreement):
-        agreement = Agreement(train=float(agreement))
-    lines += [*agreement.lines(), *verdicts, *warnings]
-    lines.append(
-        "samples/s: geometric mean over runs, 95% CI on log throughput; ratio: Welch 95% CI on log throughput; "
-        f"no CI from < {stats.MIN_RUNS} runs. p50/p99 step (slowest rank, s) and final losses: means over runs, "
-        "descriptive, no interval. peak MB/rank: the smallest–largest rank's peak memory (RSS on CPU, CUDA "
-        "allocated on GPU), means over runs."
-    )
-    return "\n".join(lines)
-
-
-def markdown_table(frame: pd.DataFrame, missing: str = "") -> str:
-    """A pipe table for report.md: floats to 4 significant digits, `missing` for NaN/None."""
-
-    def cell(value: object) -> str:
-        text = f"{value:.4g}" if isinstance(value, float) else str(value)
-        return missing if text in ("nan", "None") else text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)

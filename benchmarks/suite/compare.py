@@ -253,7 +253,7 @@ def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scali
     """comparison.csv (one row per run, failures included) and the terminal tables."""
     import pandas as pd
 
-    from benchmarks.analysis import evaluation, load, tables
+    from benchmarks.analysis import evaluation, load, tables, terminal
 
     full, rs = comparison_frame(root, attempts, jobs, scaling)
     full.reindex(columns=COMPARISON_COLUMNS).to_csv(root / "comparison.csv", index=False)
@@ -269,10 +269,10 @@ def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scali
     if not only.all():  # --eval-only trains nothing: its rows are validation's alone
         agreement = tables.loss_agreement(rs) if rs is not None else float("nan")  # nan: no run to compare
         training = labelled[~only]
-        parts.append(tables.format_table(tables.backend_table(training), agreement))
+        parts.append(terminal.format_table(tables.backend_table(training), agreement))
         scale = tables.scaling(training)
         if len(scale):
-            parts.append(tables.format_scaling(scale))
+            parts.append(terminal.format_scaling(scale))
     validated = evaluation.validation_table(labelled)
     if len(validated):
         parts.append(evaluation.format_validation(validated))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.analysis import load, report, tables
+from benchmarks.analysis import load, report, tables, terminal
 from benchmarks.cli import main
 from tests.unit.test_report import make_run
 
@@ -45,5 +45,5 @@ def test_different_setups_are_never_in_one_ratio(tmp_path) -> None:
     assert by.loc[(2, 20, "horovod"), "ratio"] == pytest.approx(0.5)  # against ddp at 2 ranks only
     assert by.loc[(1, 10, "horovod"), "ratio"] == pytest.approx(0.5)  # against ddp at 1 rank, not 2
     assert by.loc[(1, 40, "ddp"), "ratio"] == 1.0  # alone in its setup: its own base
-    text = tables.format_table(table, 0.0)
+    text = terminal.format_table(table, 0.0)
     assert text.count("backend    ok/fail") == 3 and "synthetic · global batch 40 · 1 rank(s)" in text

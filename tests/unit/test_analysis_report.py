@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.analysis import context, load, report, tables
+from benchmarks.analysis import context, load, report, tables, terminal
 from tests.unit.test_report import make_run
 
 ONE_RANK = [[1.0, 0.1, 0.1]]
@@ -26,7 +26,7 @@ def test_validation_difference_is_shown_and_the_knob_named(tmp_path) -> None:
     agreement = tables.loss_agreement(load.load_runs(tmp_path))
     assert agreement.train == 0.0 and agreement.val == pytest.approx(0.05)
     assert "broadcast_buffers" in agreement.explanation and "--no-broadcast-buffers" in agreement.explanation
-    text = tables.format_table(tables.backend_table(tables.per_run_stats(load.load_runs(tmp_path))), agreement)
+    text = terminal.format_table(tables.backend_table(tables.per_run_stats(load.load_runs(tmp_path))), agreement)
     assert "train 0.00e+00, validation 5.00e-02" in text and "--no-broadcast-buffers for parity" in text
 
 

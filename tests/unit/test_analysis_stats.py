@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.analysis import load, report, stats, tables
+from benchmarks.analysis import load, report, stats, tables, terminal
 from tests.unit.test_report import make_run
 
 ONE_RANK = [[1.0, 0.1, 0.1]]  # warm-up then 2 timed steps of 10 samples: 20 samples ÷ wall
@@ -23,12 +23,12 @@ def test_two_repeats_give_no_interval_and_say_why(tmp_path) -> None:
     assert np.isnan(table.loc["ddp", "ci_low"]) and np.isnan(table.loc["ddp", "ci_high"])
     assert np.isnan(table.loc["horovod", "ratio_low"])  # no bootstrap "CI" over two values
     assert table.loc["ddp", "interval"] == "2 runs: no interval (needs ≥ 3)"
-    text = tables.format_table(table.reset_index(), 0.0)
+    text = terminal.format_table(table.reset_index(), 0.0)
     assert "±" not in text and "no CI" in text and "too few runs to call a difference" in text
 
 
 def test_one_repeat_prints_no_degenerate_interval(tmp_path) -> None:
-    text = tables.format_table(_table(tmp_path, {"ddp": [0.2], "horovod": [0.3]}), 0.0)
+    text = terminal.format_table(_table(tmp_path, {"ddp": [0.2], "horovod": [0.3]}), 0.0)
     assert "± 0.0" not in text and "(0.67–0.67)" not in text
     assert "0.67 (no CI" in text
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.analysis import load, report, tables
+from benchmarks.analysis import load, report, tables, terminal
 from benchmarks.cli import main
 from benchmarks.run import recorder as results
 from tests.unit.test_report import make_run
@@ -66,7 +66,7 @@ def test_a_backend_under_two_launchers_gets_a_row_per_launcher(tmp_path) -> None
     assert table.loc["ddp (torchrun)", "runs_ok"] == 3 and table.loc["ddp (mpirun)", "runs_ok"] == 3
     assert table.loc["ddp (torchrun)", "ci_low"] > 95 and table.loc["ddp (mpirun)", "ci_high"] < 55
     assert set(table.index) == {"ddp (torchrun)", "ddp (mpirun)", "horovod (gloo)", "horovod (mpi)"}
-    text = tables.format_table(table.reset_index(), 0.0)
+    text = terminal.format_table(table.reset_index(), 0.0)
     assert "ddp (mpirun) is 0.50× ddp (torchrun)" in text
     assert "\nddp (torchrun)     3/0 " in text and "\nhorovod (gloo)     1/0 " in text  # columns stay aligned
     assert set(per_run.launcher) == {"torchrun", "mpirun", "horovodrun"}
@@ -82,7 +82,7 @@ def test_several_workloads_say_which_setup_a_line_is_about(tmp_path) -> None:
     make_run(tmp_path, "b-hvd", "horovod", ONE_RANK, wall=1.0, meta={"workload": "cifar"})
     rs = load.load_runs(tmp_path)
     agreement = tables.loss_agreement(rs)
-    text = tables.format_table(tables.backend_table(tables.per_run_stats(rs)), agreement)
+    text = terminal.format_table(tables.backend_table(tables.per_run_stats(rs)), agreement)
     lines = text.splitlines()
     assert "loss, max abs difference between backends (synthetic · global batch 10): train 1.00e-01," in text
     assert "loss, max abs difference between backends (cifar · global batch 10): train 0.00e+00," in text
@@ -92,7 +92,7 @@ def test_several_workloads_say_which_setup_a_line_is_about(tmp_path) -> None:
     warnings = [li for li in lines if li.startswith("warning:")]
     assert len(warnings) == 4 and all(w.startswith(("warning: synthetic · ", "warning: cifar · ")) for w in warnings)
     # one setup: the lines stay as they were
-    one = tables.format_table(tables.backend_table(tables.per_run_stats(load.load_runs(tmp_path / "a-ddp"))), 0.0)
+    one = terminal.format_table(tables.backend_table(tables.per_run_stats(load.load_runs(tmp_path / "a-ddp"))), 0.0)
     assert "warning: ddp: " in one
 
 
