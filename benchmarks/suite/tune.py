@@ -135,6 +135,9 @@ def command(args: argparse.Namespace) -> int:
             raise InputError("tune runs one world size: give --nproc N (a scaling study is `compare --nproc 1,2,4`)")
         if min(args.repeats, args.tune_repeats, args.tune_steps) < 1:
             raise InputError("--repeats, --tune-repeats and --tune-steps must be positive integers")
+        if cfg.eval_only:
+            raise InputError("tune ranks knobs by training throughput and --eval-only trains nothing; time "
+                             "evaluation with `distbench compare --eval-only`")  # fmt: skip
         precision.check(args)
         grid = load_grid(args.grid)
         sweep_cfg = dataclasses.replace(
@@ -263,7 +266,7 @@ def finish(
     returns the terminal text, the decision first."""
     import pandas as pd
 
-    from benchmarks.analysis import load, stats, tables
+    from benchmarks.analysis import load, stats, tables, terminal
 
     full, _ = compare.comparison_frame(root / "final", attempts, jobs, compare.WEAK)
     full = full.assign(setting=full.run_id.str.rsplit("-", n=2).str[-2])  # <slug>-default-rN / <slug>-best-rN
@@ -296,7 +299,7 @@ def finish(
     if kept:
         at_kept = load.load_runs(*kept, include_failed=True)
         per_run = tables.per_run_stats(at_kept)
-        text += "\n\nat the kept knobs:\n" + tables.format_table(
+        text += "\n\nat the kept knobs:\n" + terminal.format_table(
             tables.backend_table(per_run), tables.loss_agreement(at_kept)
         )
         extra = {"Default vs tuned (distbench tune)": tuned_table}

@@ -53,6 +53,7 @@ def test_a_bad_grid_is_one_line(tmp_path, capsys, text: str, message: str) -> No
         (["--backends", "ddp@nowhere"], "unknown variant 'ddp@nowhere'"),
         (["--tune-steps", "3", "--warmup-steps", "5"], "--tune-steps 3 leaves no timed step"),
         (["--tune-repeats", "0"], "must be positive integers"),
+        (["--eval-only"], "distbench compare --eval-only"),
     ],
 )
 def test_tune_refuses_bad_input_before_anything_starts(tmp_path, capsys, argv: list[str], message: str) -> None:
