@@ -39,8 +39,9 @@ def window_config(warmup: int, flush_every: int) -> RunConfig:
 
 
 def open_recorder(run_dir: Path, cfg: RunConfig, world_size: int) -> results.Recorder:
-    meta = {"run_id": run_dir.name, "backend": "test", "world_size": world_size, "workload": cfg.workload,
-            "global_batch": cfg.batch_size * world_size}  # fmt: skip
+    """A run directory whose run.json `distbench check` accepts (a DDP run under torchrun, as it says)."""
+    meta = {"run_id": run_dir.name, "backend": "ddp", "launcher": TORCHRUN, "world_size": world_size,
+            "workload": cfg.workload, "global_batch": cfg.batch_size * world_size}  # fmt: skip
     return results.Recorder(run_dir, meta)
 
 

@@ -18,31 +18,13 @@ from benchmarks import config as options
 from benchmarks.analysis import check, load, tables
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
-from benchmarks.launch import TORCHRUN
 from benchmarks.run import recorder as results
 from benchmarks.run import validation, workloads
-from benchmarks.run.trainer import Trainer
 from benchmarks.run.validate import validate
-from tests.unit.test_trainer import config, single_backend
+from tests.unit.test_trainer import config, fit, single_backend
 
 STRATEGIES = options.VAL_STRATEGIES
 N = 1001
-
-
-def fit(backend: Any, cfg: RunConfig, run_dir: Path | None) -> Trainer:
-    """What the harness does: a Trainer, fit, summary.csv and a run.json that `distbench check` accepts."""
-    workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
-    recorder = None
-    if run_dir is not None:
-        meta = {"run_id": run_dir.name, "backend": "ddp", "launcher": TORCHRUN, "world_size": backend.world_size,
-                "workload": cfg.workload, "global_batch": cfg.batch_size * backend.world_size}  # fmt: skip
-        recorder = results.Recorder(run_dir, meta)
-    trainer = Trainer(backend, workload, cfg, recorder)
-    trainer.fit()
-    if recorder is not None:
-        recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
-        recorder.finish("completed")
-    return trainer
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
