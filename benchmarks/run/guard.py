@@ -33,8 +33,11 @@ STOP_SIGNALS = {
 """The signals that stop a run, and how run.json says it."""
 
 
-class Terminated(RuntimeError):
-    """The launcher that started this rank is gone."""
+class LauncherGone(RuntimeError):
+    """The launcher that started this rank (pid `parent`) is gone."""
+
+    def __init__(self, parent: int | None) -> None:
+        super().__init__(f"the launcher (pid {parent}) is gone, so the job was stopped")
 
 
 def install_signal_watcher(on_signal: Callable[[str], None]) -> None:
@@ -133,7 +136,7 @@ class Watchdog:
         while not self.stopped.wait(min(1.0, self.timeout / 4 + 0.01)):
             idle = time.monotonic() - self.last
             if self.orphaned():
-                self.on_expire(f"the launcher (pid {self.parent}) is gone, so the job was stopped")
+                self.on_expire(str(LauncherGone(self.parent)))
                 os._exit(1)
             if idle > self.timeout + self.grace:
                 self.on_expire(f"no progress for {idle:.0f}s (--timeout {self.timeout:g}): a rank is hung or dead")

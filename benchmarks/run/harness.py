@@ -107,7 +107,7 @@ class RunFailed(RuntimeError):
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, guard.Terminated):  # says why in words already
+    if isinstance(exc, guard.LauncherGone):  # says why in words already
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
@@ -347,7 +347,7 @@ def run(
             recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, cfg, backend_name)
         trainer.fit()
         if watchdog.orphaned():  # between the watchdog's looks: still not a run anybody is waiting for
-            raise guard.Terminated(f"the launcher (pid {parent}) is gone, so the job was stopped")
+            raise guard.LauncherGone(parent)
         if recorder is not None:
             recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
             with recording:  # a signal now waits for the write, and finds the run completed

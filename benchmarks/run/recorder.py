@@ -167,8 +167,8 @@ class Recorder:
         return row
 
     def finish(self, status: str, **extra: Any) -> None:
-        # Bounded wait: SIGTERM's exception can reach the main thread just as it takes the lock, leaving it
-        # held by nobody who will release it; the watcher thread must still record why the run ended.
+        # Bounded wait: why the run ended must be written even if a writer never releases the lock (the
+        # signal watcher keeps it on purpose once it has recorded a stop, until the process exits).
         locked = self.lock.acquire(timeout=FINISH_LOCK_WAIT_S)
         try:
             self.meta.update(status=status, **extra)

@@ -30,10 +30,7 @@ from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
 from benchmarks.suite import jobs as processes
 from benchmarks.suite import precision, variants
-from benchmarks.suite.options import PRESET as PRESET
 from benchmarks.suite.options import add_arguments as add_arguments
-from benchmarks.suite.options import add_preset_defaults as add_preset_defaults
-from benchmarks.suite.options import add_variant_options as add_variant_options
 from benchmarks.suite.options import describe, effective_config
 from benchmarks.suite.variants import Job, jobs_for
 

@@ -212,8 +212,9 @@ def test_run_interrupted_under_a_launcher_is_failed_never_completed(tmp_path, la
 
 @pytest.mark.timeout(120)
 def test_sigint_to_a_plain_run_records_it_failed_in_one_line(tmp_path) -> None:
-    """No launcher: the main thread and the signal watcher both see it; run.json is written all the same."""
-    for attempt in range(3):  # the two threads race differently each time
+    """No launcher: the signal watcher records it while the main thread trains on (perhaps mid-write of a
+    row); run.json is written all the same, and said once."""
+    for attempt in range(3):  # each catches the main thread at another point of its step
         run_dir = tmp_path / f"r{attempt}"
         proc = _start([*CLI, "run", "--backend", "single", *TINY, "--epochs", "300", "--out", str(tmp_path),
                        "--run-id", run_dir.name])  # fmt: skip
