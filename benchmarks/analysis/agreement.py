@@ -1,12 +1,13 @@
-"""Did the backends train the same model? Train and validation losses compared, differences explained.
+"""Did the variants train the same model? Train and validation losses compared, differences explained.
 
-Same seed, data order, initial weights and optimizer go to every backend, so the train-loss curves of
-one setup should agree to rounding. Each run.json holds fingerprints of the data and the initial weights
-its ranks built (run/fingerprint.py), so whether every run saw the same inputs is checked, not assumed,
-and said. Validation can still differ when the models' buffers differ — BatchNorm running statistics,
-which DDP broadcasts from rank 0 every forward and Horovod never does — so validation is compared too,
-and what is known to explain a difference is named: different data or weights, the buffer broadcast
-(only for a model with floating-point buffers), other knobs, CUDA's nondeterministic kernels.
+Same seed, data order, initial weights and optimizer go to every variant (backend@launcher: ddp@torchrun
+and ddp@mpirun are two), so the train-loss curves of one setup should agree to rounding. Each run.json
+holds fingerprints of the data and the initial weights its ranks built (run/fingerprint.py), so whether
+every run saw the same inputs is checked, not assumed, and said. Validation can still differ when the
+models' buffers differ — BatchNorm running statistics, which DDP broadcasts from rank 0 every forward and
+Horovod never does — so validation is compared too, and what is known to explain a difference is named:
+different data or weights, the buffer broadcast (only for a model with floating-point buffers), other
+knobs, CUDA's nondeterministic kernels.
 """
 
 from __future__ import annotations
@@ -23,33 +24,37 @@ from benchmarks.analysis import check
 from benchmarks.analysis.load import RunSet
 
 TOLERANCE = 1e-5  # below this, a difference is floating-point reduction order, not a different model
-GROUP = ("workload", "global_batch")  # loss curves only line up at the same workload and global batch
+GROUP = ("workload", "global_batch", "val_strategy")  # loss curves line up at one workload and global batch;
+# validation losses only under one --val-strategy (sampler's padding repeats samples, exact's does not)
 
 
 @dataclass
 class Agreement:
     train: float = math.nan
-    """Max abs difference of the train-loss curves (first run of each backend against the first backend's)."""
+    """Max abs difference of the train-loss curves (first run of each variant against the first variant's)."""
     val: float = math.nan
     """Max abs difference of the validation losses at the same step; NaN when none were recorded."""
     explanation: str = ""
     """The recorded knob that explains a difference, or that none does."""
     inputs: str = ""
     """Whether the runs compared saw the same data and initial weights (their run.json fingerprints)."""
+    variants: list[str] = dataclasses.field(default_factory=list)
+    """The variants compared (ddp@torchrun, horovod@gloo, …), in the order of the runs."""
     per_setup: dict[str, Agreement] = dataclasses.field(default_factory=dict)
-    """Per workload and global batch ("cifar10 · global batch 64"), where backends were compared in
+    """Per workload and global batch ("cifar10 · global batch 64"), where variants were compared in
     several; the fields above are then the worst over them and the first explanation."""
 
     def lines(self) -> list[str]:
         if len(self.per_setup) > 1:
-            return [line for setup, one in self.per_setup.items() for line in one._lines(f" ({setup})")]
+            return [line for setup, one in self.per_setup.items() for line in one._lines(setup)]
         return self._lines("")
 
-    def _lines(self, where: str) -> list[str]:
+    def _lines(self, setup: str) -> list[str]:
         def text(value: float) -> str:
             return "not recorded" if math.isnan(value) else f"{value:.2e}"
 
-        out = [f"loss, max abs difference between backends{where}: train {text(self.train)}, "
+        where = "; ".join(part for part in (", ".join(self.variants), setup) if part)
+        out = [f"loss, max abs difference between variants{f' ({where})' if where else ''}: train {text(self.train)}, "
                f"validation {text(self.val)}"]  # fmt: skip
         return out + [f"  {line}" for line in (self.inputs, self.explanation) if line]
 
@@ -91,7 +96,7 @@ def _fingerprints(rs: RunSet, keys: list[str]) -> Inputs:
     result = Inputs(float_buffers=max(buffers) if buffers else None)
     if len(prints) < 2:
         return result
-    variant = rs.runs.set_index("run_key")["variant"].to_dict() if "variant" in rs.runs else {}
+    variant = variant_names(rs)
 
     def groups(of: Any) -> list[str]:
         by: dict[Any, list[str]] = {}
@@ -116,12 +121,13 @@ def _fingerprints(rs: RunSet, keys: list[str]) -> Inputs:
 
 def _explain(rs: RunSet, firsts: list[str], differs: str, inputs: Inputs) -> str:
     runs = rs.runs.set_index("run_key").loc[firsts]
+    names = pd.Series(variant_names(rs)).reindex(runs.index)
     if inputs.data_differ:
         return f"{differs} differ: the runs trained on different data"
     has_buffers = inputs.float_buffers != 0  # unknown (older runs) may have them
     if has_buffers and "knob_broadcast_buffers" in runs and runs["knob_broadcast_buffers"].nunique(dropna=False) > 1:
-        yes = ", ".join(runs.backend[runs.knob_broadcast_buffers == True])  # noqa: E712 (None is not False)
-        no = ", ".join(runs.backend[runs.knob_broadcast_buffers != True])  # noqa: E712
+        yes = ", ".join(names[runs.knob_broadcast_buffers == True])  # noqa: E712 (None is not False)
+        no = ", ".join(names[runs.knob_broadcast_buffers != True])  # noqa: E712
         return (
             f"{differs} differ: {yes} broadcast buffers (knob broadcast_buffers=True) and {no} do not, so "
             "BatchNorm running statistics differ; run with --no-broadcast-buffers for parity"
@@ -136,15 +142,34 @@ def _explain(rs: RunSet, firsts: list[str], differs: str, inputs: Inputs) -> str
     return f"{differs} differ; {'; '.join(known)}" if known else f"{differs} differ and no recorded knob explains it"
 
 
+def variant_names(rs: RunSet) -> dict[str, str]:
+    """Each run's variant (ddp@torchrun, horovod@gloo, …) by `run_key`, less its validation strategy; the
+    backend alone for a run whose run.json names no launcher (results from before there were variants)."""
+    out = {}
+    for run in rs.runs.to_dict("records"):
+        variant, launcher = run.get("variant"), run.get("launcher")
+        known = isinstance(variant, str) and isinstance(launcher, str) and launcher != ""
+        out[str(run["run_key"])] = variant.split(" (val ", 1)[0] if known else str(run.get("backend"))
+    return out
+
+
 def loss_agreement(rs: RunSet) -> Agreement:
-    """Worst differences of train and validation losses between backends, within each workload and global batch."""
+    """Worst differences of train and validation losses between variants, within each workload, global batch
+    and validation strategy. Two variants of one backend (ddp@torchrun, ddp@mpirun) are two curves."""
     loss = rs.loss[rs.loss.status == "completed"] if len(rs.loss) else rs.loss
     if not len(loss):
         return Agreement()
+    names = variant_names(rs)
+    runs = rs.runs.set_index("run_key")
+    strategy = runs["val_strategy"] if "val_strategy" in runs else pd.Series(dtype=object)
+    loss = loss.assign(
+        variant=loss["run_key"].astype(str).map(names), val_strategy=loss["run_key"].astype(str).map(strategy)
+    )
     result = Agreement()
-    keys = [c for c in GROUP if c in loss]
+    # The strategy splits only where runs differ in it: most compares have one, and their lines stay short.
+    keys = [c for c in GROUP if c in loss and (c != "val_strategy" or loss[c].nunique() > 1)]
     for values, group in loss.groupby(keys, sort=False, dropna=False) if keys else [((), loss)]:
-        firsts = list(group.groupby("backend", sort=False, observed=True)["run_key"].min())
+        firsts = list(group.groupby("variant", sort=False)["run_key"].min())
         if len(firsts) < 2:
             continue
         worst = []
@@ -155,18 +180,20 @@ def loss_agreement(rs: RunSet) -> Agreement:
         differs = [name for name, v in (("train losses", train), ("validation losses", val)) if v > TOLERANCE]
         inputs = _fingerprints(rs, list(dict.fromkeys(group["run_key"].astype(str))))
         explained = _explain(rs, firsts, " and ".join(differs), inputs) if differs else ""
-        one = Agreement(train, val, explained, inputs.words)
+        compared = list(dict.fromkeys(group["variant"]))
+        one = Agreement(train, val, explained, inputs.words, compared)
         result.per_setup[setup_words(dict(zip(keys, values, strict=True)))] = one
         result.train = train if math.isnan(result.train) else max(result.train, train)
         result.val = val if math.isnan(result.val) else max(result.val, val)
         result.explanation = result.explanation or one.explanation
         result.inputs = result.inputs if result.inputs and not inputs.data_differ else one.inputs
+        result.variants = list(dict.fromkeys([*result.variants, *compared]))
     return result
 
 
 def setup_words(setup: dict) -> str:
     """ "synthetic · global batch 20 · 2 rank(s)": a setup as the report's tables head it."""
-    words = {"workload": "{}", "global_batch": "global batch {}", "world_size": "{} rank(s)"}
+    words = {"workload": "{}", "global_batch": "global batch {}", "world_size": "{} rank(s)", "val_strategy": "val {}"}
     return " · ".join(words[k].format(_plain(v)) for k, v in setup.items() if k in words)
 
 

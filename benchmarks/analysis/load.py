@@ -32,6 +32,9 @@ EXTRA_COLUMNS = ("launcher_detail", "local_world_size", "train_size", "val_size"
                  "oversubscribed", "cpus")  # fmt: skip
 JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
 DIED = "status running but its process is gone (the job died)"
+INTERRUPTED = "interrupted"
+"""The analysis's status of a run a signal stopped (run.json: `failed` with `"interrupted": true`, or a rank's
+`interrupted by SIGINT` error), as comparison.csv calls it: not a failure of what was measured."""
 NUMERIC = {
     results.TIMING_CSV: ("world_size", "rank", "epoch", "step", "samples", *check.SECONDS),
     results.LOSS_CSV: ("world_size", "epoch", "step", "loss", "accuracy", "samples", *results.VAL_LOSS_COLUMNS),
@@ -101,6 +104,15 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     row["val_most_on_a_rank"] = max((r.get("samples", 0) for r in per_rank), default=np.nan)  # bounds its time
     row["variant"] = with_strategy(run_variant(meta), row["val_strategy"])
     return row
+
+
+def was_interrupted(meta: dict[str, Any]) -> bool:
+    """A run that Ctrl-C or a signal to `distbench compare` stopped: compare marks it `"interrupted": true`,
+    a plain `distbench run`'s ranks record `interrupted by SIGINT …`."""
+    error = meta.get("error")
+    return meta.get("status") != "completed" and (
+        meta.get("interrupted") is True or (isinstance(error, str) and error.startswith("interrupted"))
+    )
 
 
 def memory_row(summary: pd.DataFrame | None) -> dict[str, Any]:
@@ -185,15 +197,19 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
         frames = check.read_frames(run_dir)
         problems += check.check_frames(run_dir, meta, frames)
         row = {**memory_row(frames[results.SUMMARY_CSV][0]), **run_row(run_dir, meta)}
+        if was_interrupted(meta):
+            row["status"] = INTERRUPTED
         if not include_failed and (meta["status"] != "completed" or problems):
             if meta.get("error") == DIED:
                 why = DIED
+            elif row["status"] == INTERRUPTED:
+                why = str(meta.get("error") or INTERRUPTED)
             elif meta["status"] != "completed":
                 why = f"status {meta['status']}" + (f": {meta['error']}" if meta.get("error") else "")
             else:
                 why = f"{len(problems)} check problem{'s' * (len(problems) != 1)}, the first: {problems[0]}"
             skipped.append(f"{run_dir}: {why}")
-            left_out.append({**row, "status": meta["status"] if meta["status"] != "completed" else "check problems",
+            left_out.append({**row, "status": row["status"] if meta["status"] != "completed" else "check problems",
                              "error": meta.get("error") or (str(problems[0]) if problems else None)})  # fmt: skip
             continue
         metas.append(row)

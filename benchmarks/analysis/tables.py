@@ -13,7 +13,7 @@ import pandas as pd
 from backends import ONE_PROCESS
 from benchmarks.analysis import stats
 from benchmarks.analysis.agreement import Agreement, loss_agreement
-from benchmarks.analysis.load import MEMORY_COLUMNS, VALIDATION_COLUMNS, RunSet, with_strategy
+from benchmarks.analysis.load import INTERRUPTED, MEMORY_COLUMNS, VALIDATION_COLUMNS, RunSet, with_strategy
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
@@ -187,6 +187,20 @@ def completed(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["status"] == "completed"] if len(rows) and "status" in rows else rows
 
 
+def run_counts(per_run: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per variant (`variant`, else `backend`), in order: its runs `completed`, `failed` and `interrupted` (by a
+    signal; compare's comparison.csv or `load_runs`' status), so a line counts the runs there are, never the
+    runs planned."""
+    if not len(per_run):
+        return {}
+    name = per_run["variant"].fillna(per_run["backend"]) if "variant" in per_run else per_run["backend"]
+    counts: dict[str, dict[str, int]] = {}
+    for variant, status in zip(name.astype(str), per_run["status"], strict=True):
+        mine = counts.setdefault(variant, {"completed": 0, "failed": 0, INTERRUPTED: 0})
+        mine[status if status in ("completed", INTERRUPTED) else "failed"] += 1
+    return counts
+
+
 def setups(per_run: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
     """Split runs by setup (the SETUP columns present), in order of appearance.
 
@@ -211,7 +225,7 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
     """
     rows: list[dict] = []
     if not len(per_run):
-        return pd.DataFrame(columns=["backend", "runs_ok", "runs_failed"])
+        return pd.DataFrame(columns=["backend", "runs_ok", "runs_failed", "runs_interrupted"])
     for setup, group in setups(per_run):
         order = list(dict.fromkeys(group["backend"]))
         ok = group[group.status == "completed"]
@@ -219,17 +233,25 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
         base = ok[ok.backend == base_name]["samples_per_s"]
         for backend in order:
             mine, all_mine = ok[ok.backend == backend], group[group.backend == backend]
-            row: dict = {**setup, "backend": backend, "runs_ok": len(mine), "runs_failed": len(all_mine) - len(mine)}
+            # A run a signal stopped is counted apart: it says nothing about the backend (`interrupted` names one).
+            stopped = all_mine[all_mine.status == INTERRUPTED]
+            failures = len(all_mine) - len(mine) - len(stopped)
+            row: dict = {**setup, "backend": backend, "runs_ok": len(mine), "runs_failed": failures}
+            row["runs_interrupted"] = len(stopped)
             # The variant and its launch, where known: one of each per row, since launchers are never pooled.
             row.update({c: all_mine[c].iloc[0] for c in ("variant", *LAUNCH) if c in all_mine})
             if "oversubscribed" in all_mine and all_mine["oversubscribed"].fillna(False).astype(bool).any():
                 cpus = all_mine["cpus"].dropna() if "cpus" in all_mine else pd.Series([], dtype=float)
                 row["oversubscribed"] = oversubscribed_words(int(setup.get("world_size", 0)), cpus)
-            failed = all_mine[all_mine.status != "completed"]
+            failed = all_mine[(all_mine.status != "completed") & (all_mine.status != INTERRUPTED)]
             if len(failed) and "run_key" in failed:  # without the run's directory there is nothing to point at
                 error = failed["error"].iloc[0] if "error" in failed else None
                 error = error if pd.notna(error) else "no error recorded"
                 row["error"] = f"{failed['run_key'].iloc[0]}/run.json: {error}"
+            if len(stopped) and "run_key" in stopped:  # compare records the signal in run.json, if there is one
+                said, first = stopped["error"].iloc[0] if "error" in stopped else None, stopped["run_key"].iloc[0]
+                said = f"/run.json: {said}" if pd.notna(said) else ": stopped before it wrote run.json"
+                row["interrupted"] = f"{first}{said}"
             if len(mine):
                 mean, lo, hi = stats.log_ci(mine["samples_per_s"])
                 row.update(

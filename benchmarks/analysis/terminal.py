@@ -75,9 +75,16 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
         base = None
         for row in group.to_dict("records"):
             okfail = f"{row['runs_ok']}/{row['runs_failed']}"
+            stopped = _count(row.get("runs_interrupted"))
+            if stopped:
+                said = row.get("interrupted") if isinstance(row.get("interrupted"), str) else "see comparison.csv"
+                warnings.append(f"{where}{row['backend']}: {stopped} run(s) interrupted, not failed (left out): {said}")
             if not row["runs_ok"]:
-                where = row.get("error") if isinstance(row.get("error"), str) else "see the run's run.json"
-                lines.append(f"{row['backend']:<{width}} {okfail:>7}   FAILED: {where}")
+                if row["runs_failed"] or not stopped:
+                    said = row.get("error") if isinstance(row.get("error"), str) else "see the run's run.json"
+                    lines.append(f"{row['backend']:<{width}} {okfail:>7}   FAILED: {said}")
+                else:
+                    lines.append(f"{row['backend']:<{width}} {okfail:>7}   INTERRUPTED: no run completed")
                 continue
             is_base = base is None
             base = base or row["backend"]
@@ -106,6 +113,11 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
         "allocated on GPU), means over runs."
     )
     return "\n".join(lines)
+
+
+def _count(value: object) -> int:
+    """A count from a table cell: 0 for a missing one (tables from before the column existed)."""
+    return int(value) if isinstance(value, (int, float, np.integer, np.floating)) and pd.notna(value) else 0
 
 
 def markdown_table(frame: pd.DataFrame, missing: str = "") -> str:

@@ -92,7 +92,7 @@ def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None
     assert comparison.command.str.startswith("mpirun -np 2").all()
     assert meta_of(tmp_path / "cmp" / "ddp-r0")["config"]["steps_per_epoch"] == 6  # options pass through
     assert "samples/s" in proc.stdout
-    agreement = re.search(r"max abs difference between backends: train (\S+),", proc.stdout)
+    agreement = re.search(r"difference between variants \(ddp@mpirun, horovod@mpirun\): train (\S+),", proc.stdout)
     assert agreement is not None and float(agreement.group(1)) < 1e-5, proc.stdout
 
 

@@ -84,8 +84,9 @@ def test_several_workloads_say_which_setup_a_line_is_about(tmp_path) -> None:
     agreement = tables.loss_agreement(rs)
     text = terminal.format_table(tables.backend_table(tables.per_run_stats(rs)), agreement)
     lines = text.splitlines()
-    assert "loss, max abs difference between backends (synthetic · global batch 10): train 1.00e-01," in text
-    assert "loss, max abs difference between backends (cifar · global batch 10): train 0.00e+00," in text
+    compared = "loss, max abs difference between variants (ddp@torchrun, horovod@torchrun;"
+    assert f"{compared} synthetic · global batch 10): train 1.00e-01," in text
+    assert f"{compared} cifar · global batch 10): train 0.00e+00," in text
     verdicts = [li for li in lines if " from too few runs" in li]
     assert [v.split(":")[0] for v in verdicts] == ["synthetic · global batch 10 · 1 rank(s)",
                                                    "cifar · global batch 10 · 1 rank(s)"]  # fmt: skip
