@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import backends
-from benchmarks import config
+from benchmarks import config, files
 from benchmarks.config import RunConfig
 from benchmarks.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError, bad_input, error
 
@@ -52,7 +53,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         options = config.from_namespace(backend_cls.options_type, args)
         config.check_values(options)
-        run_dir = harness.run(args.backend, cfg, options, config.all_options(args), notes)
+        run_dir = harness.run(
+            args.backend, cfg, options, config.all_options(args), notes, config.given_explicitly(args)
+        )
     except (InputError, launch.WrongLauncherError) as exc:
         return bad_input(info.rank, exc)
     except results.ResultsWriteError as exc:
@@ -114,6 +117,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         error(str(exc))
         return EXIT_BAD_INPUT
     except OSError as exc:
+        if files.is_no_space(exc):
+            raise  # not the --out's fault: main says it, exit 1
         error(f"cannot write the report to {out}: {exc.strerror or exc}; choose another --out")
         return EXIT_BAD_INPUT
     print(out)
@@ -153,6 +158,29 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from benchmarks import environment
 
     return environment.doctor()
+
+
+def no_space_line(args: argparse.Namespace, exc: OSError) -> str:
+    """A write the disk refused, in one line: the file, what is kept, and how to finish the job afterwards."""
+    cause = exc.strerror or "no space left on device"
+    path = Path(exc.filename) if exc.filename else None
+    said = f"{cause[:1].lower()}{cause[1:]} writing {path or 'the results'}"
+    if args.command == "report":
+        again = ["distbench", "report", *args.paths, *(["--out", args.out] if args.out else [])]
+        return f"{said}; the runs under {' '.join(args.paths)} are unchanged; free space and run `{shlex.join(again)}`"
+    out = Path(getattr(args, "out", None) or ".")
+    root = next((p for p in (path.parents if path else ()) if p.parent.resolve() == out.resolve()), None)
+    if args.command == "run" or (args.command == "allreduce" and not args.compare) or root is None:
+        return f"{said}; the rows written before it are whole; free space and run it again"
+    from benchmarks.analysis import check, load
+
+    # Counted, not assumed: the disk may have filled during a run as well as after the last one.
+    runs = load.find_run_dirs(root)
+    completed = sum((check.meta_problems(d)[0] or {}).get("status") == "completed" for d in runs)
+    passing = sum(not check.check_run(d) for d in runs)
+    target = root / "final" if args.command == "tune" and load.find_run_dirs(root / "final") else root
+    return (f"{said}; kept: the {len(runs)} runs under {root} ({completed} completed, {passing} pass `distbench "
+            f"check`); free space and run `distbench report {target}`")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,6 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a command's own handling is in place (imports, checks): nothing ran
         print("distbench: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except OSError as exc:
+        if not files.is_no_space(exc):
+            raise
+        error(no_space_line(args, exc))
+        return 1
     # Only a completed run: after a failure the peers may be gone or waiting out errors.RANK0_GRACE_S, and
     # MPI_Finalize would wait for them.
     if args.command == "run" and code == 0 and argv is None:

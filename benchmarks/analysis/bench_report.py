@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks import files
 from benchmarks.analysis import report
 from benchmarks.run import recorder as results
 
@@ -39,12 +40,12 @@ def write_synthetic_compare(root: Path, rows: int, ranks: int = 4, seed: int = 0
             "data_s": phases[:, 0], "forward_s": phases[:, 1], "backward_s": phases[:, 2],
             "optimizer_s": phases[:, 3], "step_s": phases.sum(axis=1),
         })  # fmt: skip
-        timing.to_csv(run_dir / results.TIMING_CSV, index=False, columns=results.TIMING_COLUMNS)
+        files.write_csv(timing, run_dir / results.TIMING_CSV, index=False, columns=results.TIMING_COLUMNS)
         loss = pd.DataFrame({
             "run_id": run_id, "backend": backend, "world_size": ranks, "epoch": 1, "step": np.arange(1, steps + 1),
             "split": "train", "loss": np.exp(-np.arange(steps) / steps), "accuracy": None, "samples": 32 * ranks,
         })  # fmt: skip
-        loss.to_csv(run_dir / results.LOSS_CSV, index=False, columns=results.LOSS_COLUMNS)
+        files.write_csv(loss, run_dir / results.LOSS_CSV, index=False, columns=results.LOSS_COLUMNS)
         wall = float(timing[~timing.warmup].groupby("step")["step_s"].max().sum())  # a lock-step run
         meta = {"run_id": run_id, "backend": backend, "world_size": ranks, "workload": "synthetic",
                 "launcher": "torchrun", "global_batch": 32 * ranks, "threads": 1, "timed_wall_s": wall}  # fmt: skip
@@ -53,7 +54,9 @@ def write_synthetic_compare(root: Path, rows: int, ranks: int = 4, seed: int = 0
         timed = timing[~timing.warmup]
         slowest = timed.groupby("step")["step_s"].max()
         summary = results.summary_row(meta, slowest, int(timed["samples"].sum()), {"train": loss.iloc[-1]}, wall)
-        pd.DataFrame([summary]).to_csv(run_dir / results.SUMMARY_CSV, index=False, columns=results.SUMMARY_COLUMNS)
+        files.write_csv(
+            pd.DataFrame([summary]), run_dir / results.SUMMARY_CSV, index=False, columns=results.SUMMARY_COLUMNS
+        )
 
 
 def main() -> int:

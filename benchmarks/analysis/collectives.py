@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks import files
 from benchmarks.analysis import terminal
 from benchmarks.analysis.load import find_run_dirs
 from benchmarks.config import DTYPES, format_size
@@ -342,8 +343,8 @@ def write_compare_outputs(root: Path, order: list[str]) -> AllreduceSection:
     """`allreduce --compare`'s outputs: the combined CSV in `root`, report/allreduce.md and the figure,
     implementations in `order` (impl names, as --impls gave them)."""
     frame = _ordered(load(root, include_failed=True), order)
-    frame.drop(columns=["label"]).to_csv(root / COMPARISON_CSV, index=False)
+    files.write_csv(frame.drop(columns=["label"]), root / COMPARISON_CSV, index=False)
     section = report_section([root], root / "report", order)
     assert section is not None  # load found runs
-    (root / "report" / "allreduce.md").write_text(section.markdown(root / "report"))
+    files.write_text(root / "report" / "allreduce.md", section.markdown(root / "report"))
     return section

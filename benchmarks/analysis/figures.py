@@ -10,15 +10,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from benchmarks import files  # noqa: E402
 from benchmarks.analysis.load import RunSet  # noqa: E402
 from benchmarks.analysis.tables import completed, setup_label  # noqa: E402
 
 
 def save(fig: plt.Figure, path: Path) -> Path:
-    """Every report figure is written the same way: tight layout, PNG at 110 dpi, figure closed."""
+    """Every report figure is written the same way: tight layout, PNG at 110 dpi, whole or not at all, figure
+    closed."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        files.write_atomic(path, lambda handle: fig.savefig(handle, format="png", dpi=110), binary=True)
+    finally:
+        plt.close(fig)  # a failed write must not leave the figure open in a long-lived process
     return path
 
 

@@ -17,6 +17,7 @@ import jinja2
 import numpy as np
 import pandas as pd
 
+from benchmarks import files
 from benchmarks.analysis import collectives, context, decision, evaluation, figures, load, tables, terminal, why
 from benchmarks.analysis.load import RunSet
 
@@ -185,9 +186,9 @@ def _write_files(page: Page, out: Path, formats: set[str]) -> None:
         md_tables = [{"title": t, "markdown": terminal.markdown_table(f)} for t, f in page.tables.items()]
         images = [{"name": p.stem, "file": p.name} for p in page.images]
         text = TEMPLATES.get_template("report.md.j2").render(**common, images=images, tables=md_tables)
-        (out / "report.md").write_text(text)
+        files.write_text(out / "report.md", text)
     if "html" in formats:
         images = [{"name": p.stem, "data": base64.b64encode(p.read_bytes()).decode()} for p in page.images]
         html_tables = [_html_table(t, f) for t, f in page.tables.items()]
         text = TEMPLATES.get_template("report.html.j2").render(**common, images=images, tables=html_tables)
-        (out / "report.html").write_text(text)
+        files.write_text(out / "report.html", text)

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import socket
-import tempfile
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -21,12 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import files
 from benchmarks.run import guard
 
 SCHEMA_VERSION = 4
 KNOWN_SCHEMAS = frozenset({1, 2, 3, 4})
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
 FINISH_LOCK_WAIT_S = 5.0
+RESERVE, RESERVE_BYTES = ".space-reserve", 64 * 1024
+"""Space held in the run directory while the run writes, freed just before the last run.json: on a disk that
+fills mid-run, the record of why the run failed still fits."""
 
 TIMING_COLUMNS = (
     "run_id", "backend", "world_size", "rank", "epoch", "step", "warmup",
@@ -84,18 +87,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     A write that fails part-way (disk full, a value that cannot be written) leaves the old file as it
     was and removes its temp file.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True, default=str)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    files.write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 class Recorder:
@@ -111,6 +103,11 @@ class Recorder:
         self._val_s: list[float] = []
         run_dir.mkdir(parents=True, exist_ok=False)
         write_json_atomic(run_dir / RUN_JSON, self.meta)
+        try:  # best effort: without it a disk that fills mid-run leaves `running`, read as failed once rank 0 is gone
+            (run_dir / RESERVE).write_bytes(bytes(RESERVE_BYTES))
+        except OSError:
+            with contextlib.suppress(OSError):
+                (run_dir / RESERVE).unlink()
         for name, columns in ((TIMING_CSV, TIMING_COLUMNS), (LOSS_CSV, LOSS_COLUMNS)):
             self._append(name, columns, [], header=True)
 
@@ -133,6 +130,8 @@ class Recorder:
             except OSError as exc:
                 with contextlib.suppress(OSError):
                     os.ftruncate(handle.fileno(), start)
+                    if not start:  # not even its header: no file rather than an empty CSV
+                        path.unlink()
                 raise ResultsWriteError(path, exc) from exc
 
     def timing(self, rows: list[dict[str, Any]]) -> None:
@@ -172,6 +171,8 @@ class Recorder:
         locked = self.lock.acquire(timeout=FINISH_LOCK_WAIT_S)
         try:
             self.meta.update(status=status, **extra)
+            with contextlib.suppress(OSError):
+                (self.run_dir / RESERVE).unlink()
             write_json_atomic(self.run_dir / RUN_JSON, self.meta)
         finally:
             if locked:
@@ -195,6 +196,8 @@ def mark_abandoned(run_dir: Path, reason: str) -> None:
     except (OSError, ValueError):
         return
     if meta.get("status") == "running":
+        with contextlib.suppress(OSError):
+            (run_dir / RESERVE).unlink()
         write_json_atomic(path, {**meta, "status": "failed", "error": reason})
 
 

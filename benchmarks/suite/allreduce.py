@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import config, errors, launch
+from benchmarks import config, errors, files, launch
 from benchmarks.config import DTYPES, AllreduceConfig, format_size
 from benchmarks.errors import EXIT_BAD_INPUT, InputError, bad_input, error
 from benchmarks.launch import variants as launch_variants
@@ -262,4 +262,4 @@ def mark_interrupted_row(root: Path, run_id: str) -> None:
     else:
         row = {"run_id": run_id, "impl": run_id, "run_key": str(root / run_id), "status": "interrupted"}
         frame = pd.concat([frame, pd.DataFrame([row])], ignore_index=True)
-    frame.to_csv(path, index=False)
+    files.write_csv(frame, path, index=False)

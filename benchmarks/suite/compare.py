@@ -17,7 +17,6 @@ import datetime
 import os
 import secrets
 import shlex
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import catalog, config, errors
+from benchmarks import catalog, config, errors, files
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
 from benchmarks.suite import jobs as processes
@@ -193,7 +192,7 @@ def report_and_decision(
     from benchmarks.analysis import decision, report
 
     summary = report.write(paths, root / "report", {"md", "html"}, extra=extra, known=known)
-    shutil.copyfile(root / "report" / decision.DECISION_JSON, root / decision.DECISION_JSON)
+    files.copy(root / "report" / decision.DECISION_JSON, root / decision.DECISION_JSON)
     said = summary[: summary.index("\n\n")] if "\n\n" in summary else ""  # the decision's lines come first
     why = summary[summary.index("\nWhy:\n") + 1 :] if "\nWhy:\n" in summary else ""
     return said, why
@@ -253,7 +252,7 @@ def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scali
     from benchmarks.analysis import evaluation, load, tables, terminal
 
     full, rs = comparison_frame(root, attempts, jobs, scaling)
-    full.reindex(columns=COMPARISON_COLUMNS).to_csv(root / "comparison.csv", index=False)
+    files.write_csv(full.reindex(columns=COMPARISON_COLUMNS), root / "comparison.csv", index=False)
     labelled = full.assign(backend=tables.backend_labels(full))  # a backend under two launchers: a row each
     strategies = list(labelled.get("val_strategy", pd.Series("exact", index=labelled.index)))
     # A validation strategy is part of what a row compares, as in the report: never pooled with another's.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import config, errors
+from benchmarks import config, errors, files
 from benchmarks.errors import InputError
 from benchmarks.suite import compare, options, precision, variants
 from benchmarks.suite import jobs as processes
@@ -224,7 +224,7 @@ def write_tune_csv(root: Path, attempts: list[compare.Attempt], jobs: list[Job],
         if group.point_samples_per_s.notna().any():
             top = group.point_samples_per_s.max()
             table.loc[group.index, "best"] = group.point_samples_per_s == top
-    table.to_csv(root / TUNE_CSV, index=False)
+    files.write_csv(table, root / TUNE_CSV, index=False)
     return table
 
 
@@ -270,8 +270,8 @@ def finish(
 
     full, _ = compare.comparison_frame(root / "final", attempts, jobs, compare.WEAK)
     full = full.assign(setting=full.run_id.str.rsplit("-", n=2).str[-2])  # <slug>-default-rN / <slug>-best-rN
-    full.reindex(columns=[*compare.COMPARISON_COLUMNS, "setting"]).to_csv(
-        root / "final" / "comparison.csv", index=False
+    files.write_csv(
+        full.reindex(columns=[*compare.COMPARISON_COLUMNS, "setting"]), root / "final" / "comparison.csv", index=False
     )
     rows, kept, knobs = [], [], {}
     for v in chosen:
@@ -293,7 +293,7 @@ def finish(
         if keep == "best" and point:
             knobs[v.name] = point
     tuned_table = pd.DataFrame(rows)
-    tuned_table.to_csv(root / TUNED_CSV, index=False)
+    files.write_csv(tuned_table, root / TUNED_CSV, index=False)
     text = "default vs tuned (gain: Welch 95% CI on log throughput; the best is kept only when the CI is above 1):\n"
     text += tuned_table[["variant", "best", "gain", "gain_low", "gain_high", "kept", "why"]].to_string(index=False)
     if kept:
