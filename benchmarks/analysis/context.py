@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from benchmarks.analysis.load import RunSet
+from benchmarks.analysis.load import INTERRUPTED, RunSet
 from benchmarks.analysis.tables import seconds
 
 BACKEND_FACTS = {
@@ -39,7 +39,8 @@ def _all_runs(rs: RunSet) -> pd.DataFrame:
 
 def setup_table(rs: RunSet, per_run: pd.DataFrame) -> pd.DataFrame:
     """One row per workload, global batch and world size: the size of what was measured."""
-    runs = _all_runs(rs).drop(columns="backend").merge(per_run[["run_key", "backend", "timed_steps"]], on="run_key")
+    mine = per_run[["run_key", "backend", "status", "timed_steps"]]
+    runs = _all_runs(rs).drop(columns=["backend", "status"]).merge(mine, on="run_key")
     keys = ["workload", "global_batch", "world_size"]
     rows = []
     for setup, group in runs.groupby(keys, sort=False, dropna=False):
@@ -54,9 +55,15 @@ def setup_table(rs: RunSet, per_run: pd.DataFrame) -> pd.DataFrame:
             or "—",
             "warm-up steps": _values(get("config_warmup_steps", pd.Series([None]))),
             "validation buffers": _values(get("validation_buffers", pd.Series([None]))),
-            "runs": ", ".join(f"{b} ×{n}" for b, n in group.backend.value_counts(sort=False).items()),
+            "runs": ", ".join(_counted(b, rows.status) for b, rows in group.groupby("backend", sort=False)),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _counted(backend: str, status: pd.Series) -> str:
+    """'ddp ×3', or 'ddp ×3 and 1 interrupted' where a signal stopped some: those measured nothing."""
+    stopped = int((status == INTERRUPTED).sum())
+    return f"{backend} ×{len(status) - stopped}" + (f" and {stopped} interrupted" if stopped else "")
 
 
 def backend_facts(rs: RunSet) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from benchmarks.analysis import load, tables, terminal
+from benchmarks.analysis import context, load, tables, terminal
 from tests.unit.test_report import make_run
 
 ONE_RANK = [[0.1, 0.1, 0.1]]
@@ -98,6 +98,7 @@ def test_an_interrupted_run_is_interrupted_in_the_summary(tmp_path) -> None:
         assert "run(s) failed" not in text and "no error recorded" not in text and "FAILED" not in text
         assert "horovod: 1 run(s) interrupted, not failed (left out): " in text
         assert tables.run_counts(per_run) == {"horovod@gloo": {"completed": 3, "failed": 0, "interrupted": 1}}
+        assert context.headline(rs, per_run).endswith("timed steps per run: horovod ×3 and 1 interrupted")
     assert f"{tmp_path / 'horovod-gloo-r3'}: {SIGINT}" in load.load_runs(tmp_path).skipped
 
 
