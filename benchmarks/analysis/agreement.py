@@ -160,6 +160,7 @@ def loss_agreement(rs: RunSet) -> Agreement:
     if not len(loss):
         return Agreement()
     names = variant_names(rs)
+    order = list(dict.fromkeys(names.values()))  # the runs' order: compare's --backends order where known
     runs = rs.runs.set_index("run_key")
     strategy = runs["val_strategy"] if "val_strategy" in runs else pd.Series(dtype=object)
     loss = loss.assign(
@@ -180,7 +181,7 @@ def loss_agreement(rs: RunSet) -> Agreement:
         differs = [name for name, v in (("train losses", train), ("validation losses", val)) if v > TOLERANCE]
         inputs = _fingerprints(rs, list(dict.fromkeys(group["run_key"].astype(str))))
         explained = _explain(rs, firsts, " and ".join(differs), inputs) if differs else ""
-        compared = list(dict.fromkeys(group["variant"]))
+        compared = sorted(dict.fromkeys(group["variant"]), key=order.index)  # as the table lists them
         one = Agreement(train, val, explained, inputs.words, compared)
         result.per_setup[setup_words(dict(zip(keys, values, strict=True)))] = one
         result.train = train if math.isnan(result.train) else max(result.train, train)

@@ -35,6 +35,15 @@ def test_two_variants_of_one_backend_get_real_numbers_and_are_named(tmp_path) ->
     assert agreement.explanation == "train losses differ and no recorded knob explains it"
 
 
+def test_variants_are_named_in_the_compare_order(tmp_path) -> None:
+    _ddp(tmp_path, "ddp-mpirun-r0", "mpirun", [1.0, 0.8], 0.5)
+    _ddp(tmp_path, "ddp-torchrun-r0", "torchrun", [1.0, 0.8], 0.5)
+    pd.DataFrame({"variant": ["ddp@torchrun", "ddp@mpirun"], "run_id": ["ddp-torchrun-r0", "ddp-mpirun-r0"]}).to_csv(
+        tmp_path / "comparison.csv", index=False
+    )  # `compare --backends ddp@torchrun,ddp@mpirun` lists torchrun first, and so does its table
+    assert tables.loss_agreement(load.load_runs(tmp_path)).variants == ["ddp@torchrun", "ddp@mpirun"]
+
+
 def test_knob_hints_name_variants_not_backends(tmp_path) -> None:
     for run_id, launcher, broadcast in (("a", "torchrun", True), ("b", "mpirun", False)):
         _ddp(tmp_path, run_id, launcher, [1.0, 0.8, 0.6], 0.5 if broadcast else 0.55, model_float_buffers=2,
