@@ -40,6 +40,8 @@ class Agreement:
     """Whether the runs compared saw the same data and initial weights (their run.json fingerprints)."""
     variants: list[str] = dataclasses.field(default_factory=list)
     """The variants compared (ddp@torchrun, horovod@gloo, …), in the order of the runs."""
+    alone: str = ""
+    """Why nothing was compared, where loss curves were recorded but no two variants share a setup."""
     per_setup: dict[str, Agreement] = dataclasses.field(default_factory=dict)
     """Per workload and global batch ("cifar10 · global batch 64"), where variants were compared in
     several; the fields above are then the worst over them and the first explanation."""
@@ -53,6 +55,8 @@ class Agreement:
         def text(value: float) -> str:
             return "not recorded" if math.isnan(value) else f"{value:.2e}"
 
+        if self.alone:
+            return [f"loss, max abs difference between variants: nothing to compare ({self.alone})"]
         where = "; ".join(part for part in (", ".join(self.variants), setup) if part)
         out = [f"loss, max abs difference between variants{f' ({where})' if where else ''}: train {text(self.train)}, "
                f"validation {text(self.val)}"]  # fmt: skip
@@ -189,6 +193,9 @@ def loss_agreement(rs: RunSet) -> Agreement:
         result.explanation = result.explanation or one.explanation
         result.inputs = result.inputs if result.inputs and not inputs.data_differ else one.inputs
         result.variants = list(dict.fromkeys([*result.variants, *compared]))
+    if not result.per_setup:
+        seen = sorted(dict.fromkeys(loss["variant"]), key=order.index)
+        result.alone = f"one variant, {seen[0]}" if len(seen) == 1 else "no two variants trained one setup"
     return result
 
 

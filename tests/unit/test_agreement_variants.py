@@ -66,8 +66,12 @@ def test_one_variant_compares_nothing(tmp_path) -> None:
     _ddp(tmp_path, "ddp-r1", "torchrun", [1.0, 0.9], 0.5)  # repeats of one variant are not variants
     agreement = tables.loss_agreement(load.load_runs(tmp_path))
     assert agreement.variants == [] and agreement.lines() == [
-        "loss, max abs difference between variants: train not recorded, validation not recorded"
+        "loss, max abs difference between variants: nothing to compare (one variant, ddp@torchrun)"
     ]
+    _ddp(tmp_path, "ddp-mpirun-r0", "mpirun", [1.0, 0.8], 0.5, workload="cifar")  # another variant, another setup
+    agreement = tables.loss_agreement(load.load_runs(tmp_path))
+    assert agreement.lines() == ["loss, max abs difference between variants: nothing to compare (no two variants "
+                                 "trained one setup)"]  # fmt: skip
 
 
 def test_validation_strategies_are_compared_apart(tmp_path) -> None:
