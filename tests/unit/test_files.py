@@ -119,3 +119,19 @@ def test_other_os_errors_are_not_called_a_full_disk(tmp_path, monkeypatch) -> No
     monkeypatch.setattr(cli, "_cmd_compare", command)
     with pytest.raises(PermissionError):
         cli.main(["compare", "--out", str(tmp_path)])
+
+
+def test_a_full_disk_in_tune_points_at_its_final_runs(tmp_path, monkeypatch, capsys) -> None:
+    root = tmp_path / "tune"
+    shutil.copytree(REFERENCE / "ddp-torchrun-r0", root / "sweep" / "ddp-p0-r0")
+    shutil.copytree(REFERENCE / "ddp-torchrun-r1", root / "final" / "ddp-default-r0")
+    full = files.WriteFailed(root / "tuned.csv", OSError(errno.EFBIG, os.strerror(errno.EFBIG)))
+
+    def command(args) -> int:
+        raise full
+
+    monkeypatch.setattr(cli, "_cmd_tune", command)
+    assert cli.main(["tune", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"distbench: error: file too large writing {root}/tuned.csv; kept: the 2 runs under {root}")
+    assert err.endswith(f"free space and run `distbench report {root}/final`")
