@@ -61,7 +61,20 @@ class RunConfig:
     )
     warmup_steps: int = _opt(5, "first steps flagged warm-up and left out of summary.csv")
     device: str = _opt("cpu", "cpu or cuda (one GPU per local rank)", choices=("cpu", "cuda"))
-    threads: int | None = _opt(None, "torch intra-op threads per rank, set under every launcher", "cores ÷ local ranks")
+    threads: int | None = _opt(
+        None,
+        "torch intra-op threads per rank, set under every launcher (OMP_NUM_THREADS or MKL_NUM_THREADS exported: "
+        "their value, docs/fairness.md)",
+        "cores ÷ local ranks",
+    )
+    bind: str | None = _opt(
+        None,
+        "CPU placement, applied by each rank under any launcher: none (every rank free on every core the job may "
+        "use) or cores (each rank pinned to its own equal share of them, by local rank); run.json placement "
+        "records each rank's cores",
+        "as launched; compare and tune: none",
+        choices=("none", "cores"),
+    )
     out: str = _opt("results/runs", "directory that receives <run-id>/")
     run_id: str | None = _opt(None, "name of the run directory", "time-backend-workload-wN-xxxx")
     compute_baseline_steps: int = _opt(
@@ -115,9 +128,14 @@ class HorovodConfig:
     """Knobs of horovod.torch (defaults are Horovod 0.28's)."""
 
     fusion_threshold_mb: float = _opt(
-        128.0, "Horovod tensor-fusion buffer in MB (HOROVOD_FUSION_THRESHOLD); 0 turns fusion off", at_least=0
+        128.0,
+        "Horovod tensor-fusion buffer in MB (HOROVOD_FUSION_THRESHOLD, whose exported value is taken when this is "
+        "not given); 0 turns fusion off",
+        at_least=0,
     )
-    cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME)", above=0)
+    cycle_time_ms: float = _opt(
+        1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME, whose exported value is taken likewise)", above=0
+    )
     hvd_op: str = _opt("average", "Horovod reduction op: average or adasum", choices=("average", "adasum"))
 
 

@@ -1,4 +1,9 @@
-"""What this machine has: versions for run.json, and `distbench doctor`."""
+"""What this machine and this process's environment bring to a run: versions and the environment
+variables that can change a measurement (run.json), and `distbench doctor`.
+
+Torch is imported only where a version is read, so that the parser of every `distbench` process can import
+this cheaply.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,8 @@ import platform
 import shutil
 import subprocess
 import sys
-
-import torch
+from collections.abc import Mapping
+from typing import Any
 
 HOROVOD_FIX = "run `make setup` (or docker/install-horovod.sh .venv/bin/python)"
 
@@ -34,6 +39,8 @@ def mpi_library_version() -> str | None:
 
 
 def _nccl_version() -> str | None:
+    import torch
+
     if not torch.distributed.is_nccl_available():
         return None
     version = torch.cuda.nccl.version()  # (2, 21, 5) in current torch, an int in old ones
@@ -46,6 +53,8 @@ IMPORTED = {"transformers": "transformers", "scikit-learn": "sklearn"}
 
 def versions() -> dict[str, str | None]:
     """Every library version that shapes a run's numbers: run.json `versions`."""
+    import torch
+
     found: dict[str, str | None] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -77,6 +86,8 @@ def horovod_build() -> dict[str, bool] | str:
 
 def doctor() -> int:
     """Print what distbench will run with; non-zero with a fix hint when Horovod is unusable."""
+    import torch
+
     facts = versions()
     for name, value in facts.items():
         print(f"{name:>12}: {value or 'not found'}")
@@ -96,3 +107,49 @@ def doctor() -> int:
     if facts["mpi"] is None:
         print("warning: mpirun not found; fix: apt-get install -y openmpi-bin libopenmpi-dev", file=sys.stderr)
     return 0
+
+
+# --- environment variables that can change a measurement (run.json `environment`) -------------------------
+RECORDED_PREFIXES = (
+    "HOROVOD_", "NCCL_", "TORCH_", "PYTORCH_", "GLOO_", "OMPI_MCA_", "UCX_", "OMP_", "KMP_", "GOMP_", "MKL_",
+    "OPENBLAS_", "CUDA_", "MPI4PY_",
+)  # fmt: skip
+"""A variable is recorded when its name starts with one of these (TORCH_ covers TORCH_NCCL_), or is named in
+RECORDED_NAMES. Of Open MPI's own only its parameters, OMPI_MCA_*, are: OMPI_COMM_WORLD_* and the rest say
+where a rank sits, which run.json records already."""
+RECORDED_NAMES = ("LD_PRELOAD",)
+"""A preloaded allocator (jemalloc, tcmalloc) changes step times."""
+LAUNCHER_WIRING = (
+    "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir", "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_",
+)  # fmt: skip
+"""Left out although their prefix matches: what the launcher sets for each job or rank to wire it up (its
+rank, size, host, rendezvous address and port, session directories, job ids), which says nothing about
+how fast it runs; a name starting with one of these strings is dropped."""
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+REDACTED = "<redacted>"
+"""The value recorded for a variable whose name contains a SECRET_WORDS word: that it was set is kept."""
+
+
+def recorded_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` that can change a measurement, by the rules above, sorted by name."""
+    found = {}
+    for name in sorted(env):
+        if not (name.startswith(RECORDED_PREFIXES) or name in RECORDED_NAMES) or name.startswith(LAUNCHER_WIRING):
+            continue
+        secret = any(word in name.upper() for word in SECRET_WORDS)
+        found[name] = REDACTED if secret else env[name]
+    return found
+
+
+def by_rank(per_rank: list[dict[str, str]]) -> dict[str, Any]:
+    """run.json `environment`: rank 0's variables, and for each rank whose set differs, what differs
+    (a variable rank 0 has and that rank lacks is null)."""
+    first = per_rank[0]
+    differing = {}
+    for rank, mine in enumerate(per_rank[1:], start=1):
+        diff = {n: mine.get(n) for n in sorted({*first, *mine}) if mine.get(n) != first.get(n)}
+        if diff:
+            differing[str(rank)] = diff
+    return {"variables": first, "ranks_differing": differing}

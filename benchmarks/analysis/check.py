@@ -1,11 +1,12 @@
 """`distbench check`: validate run directories against the CSV contract, naming file and line.
 
 Checks: run.json parses, has a known `schema_version`, the required keys and a status (a run left
-`running` by a dead process is reported); every CSV has the contract's header, whole lines (a
-truncated last line is caught), values of the right type, no duplicate (rank, epoch, step), steps in
-order per rank; and for a completed run, `summary.csv` has one row whose throughput is recomputable
-from the timing rows, (schema 3) whose memory columns are ranges of MiB, and (schema 4) whose validation
-time and throughput are recomputable from loss.csv's `val` rows (`validation_problems`).
+`running` by a dead process is reported), and where recorded the shape of its placement and environment;
+every CSV has the contract's header, whole lines (a truncated last line is caught), values of the right
+type, no duplicate (rank, epoch, step), steps in order per rank; and for a completed run, `summary.csv`
+has one row whose throughput is recomputable from the timing rows, (schema 3) whose memory columns are
+ranges of MiB, and (schema 4) whose validation time and throughput are recomputable from loss.csv's `val`
+rows (`validation_problems`).
 """
 
 from __future__ import annotations
@@ -207,7 +208,26 @@ def meta_problems(run_dir: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
         problems.append(Problem(path, None, f"status {meta.get('status')!r} is not one of {', '.join(STATUSES)}"))
     elif results.effective_status(meta) != meta["status"]:
         problems.append(Problem(path, None, f"status is running but process {meta.get('pid')} is gone: the job died"))
-    return meta, problems
+    return meta, problems + [Problem(path, None, p) for p in conditions_problems(meta)]
+
+
+def conditions_problems(meta: dict[str, Any]) -> list[str]:
+    """run.json `placement` and `environment`, where recorded (runs before them have neither, and pass): a
+    placement per rank, and variables as names and texts."""
+    problems = []
+    placement = meta.get("placement")
+    if placement is not None:
+        per_rank = placement.get("per_rank") if isinstance(placement, dict) else None
+        if not isinstance(per_rank, list) or len(per_rank) != meta.get("world_size"):
+            problems.append(f"placement.per_rank is not a list of world_size ({meta.get('world_size')}) entries")
+        elif not all(isinstance(r, dict) and isinstance(r.get("cpus"), str) for r in per_rank):
+            problems.append("placement.per_rank: every entry needs its cpus as a list text, e.g. '0-3'")
+    environment = meta.get("environment")
+    if environment is not None:
+        variables = environment.get("variables") if isinstance(environment, dict) else None
+        if not isinstance(variables, dict) or not all(isinstance(v, str) for v in variables.values()):
+            problems.append("environment.variables is not a mapping of variable names to their values")
+    return problems
 
 
 def check_frames(

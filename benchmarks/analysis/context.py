@@ -1,7 +1,8 @@
 """What was compared: the part of a report that lets a reader judge the numbers without the runs.
 
 Workload and its size, per-rank and global batch, steps timed, world size, launcher and controller
-per backend, versions and threads, and every knob or option that differs between the backends.
+per backend, versions, threads and CPU placement, and every knob, option or recorded environment variable
+that differs between the backends.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from benchmarks.analysis.tables import seconds
 BACKEND_FACTS = {
     "launcher": "launcher", "launcher_detail": "launcher detail", "knob_controller": "controller",
     "knob_dist_backend": "process group", "world_size": "world size", "threads": "threads",
-    "omp_num_threads_env": "OMP_NUM_THREADS", "optimizer": "optimizer",
+    "omp_num_threads_env": "OMP_NUM_THREADS", "placement": "CPU placement", "optimizer": "optimizer",
 }  # fmt: skip
 
 
@@ -75,19 +76,26 @@ def backend_facts(rs: RunSet) -> pd.DataFrame:
     return table.rename_axis("").reset_index()
 
 
-def differing_options(rs: RunSet) -> pd.DataFrame:
-    """Every knob (`knob_*`) and run option (`config_*`) whose value differs between the backends.
+def _option_name(column: str) -> str:
+    if column.startswith("env_"):  # a variable's name is shown as the user exports it
+        return f"environment {column.removeprefix('env_')}"
+    return column.replace("knob_", "knob ").replace("config_", "--").replace("_", "-")
 
-    A knob only one backend has (DDP's bucket size, Horovod's fusion threshold) differs too: '—'
-    marks the backend without it.
+
+def differing_options(rs: RunSet) -> pd.DataFrame:
+    """Every knob (`knob_*`), run option (`config_*`) and recorded environment variable (`env_*`, run.json
+    `environment.variables`) whose value differs between the backends.
+
+    A knob only one backend has (DDP's bucket size, Horovod's fusion threshold), or a variable set for one
+    backend's runs only, differs too: '—' marks the backend without it.
     """
     runs = _all_runs(rs)
-    columns = [c for c in runs if c.startswith(("knob_", "config_"))]
+    columns = [c for c in runs if c.startswith(("knob_", "config_", "env_"))]
     if runs.backend.nunique() < 2 or not columns:
         return pd.DataFrame(columns=["option"])
     table = runs.groupby("backend", sort=False)[columns].agg(_values).T
     table = table[table.nunique(axis=1) > 1]
-    table.index = [c.replace("knob_", "knob ").replace("config_", "--").replace("_", "-") for c in table.index]
+    table.index = [_option_name(c) for c in table.index]
     return table.rename_axis("option").reset_index()
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import check
+from benchmarks.launch import placement
 from benchmarks.launch.variants import label
 from benchmarks.run import collectives
 from benchmarks.run import recorder as results
@@ -54,7 +55,8 @@ class SchemaError(ValueError):
 @dataclass
 class RunSet:
     runs: pd.DataFrame
-    """One row per run: `run_key` (its directory), run.json's fields, `config_*`, `knob_*`, `version_*`."""
+    """One row per run: `run_key` (its directory), run.json's fields, `config_*`, `knob_*`, `version_*`, `env_*`
+    (rank 0's recorded environment variables) and `placement` (its CPU placement in words)."""
     timing: pd.DataFrame
     loss: pd.DataFrame
     skipped: list[str] = dataclasses.field(default_factory=list)
@@ -96,6 +98,8 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     row.update({f"config_{k}": v for k, v in config.items() if k not in CONFIG_SKIPPED})
     row.update({f"knob_{k}": v for k, v in (meta.get("knobs") or {}).items()})
     row.update({f"version_{k}": v for k, v in (meta.get("versions") or {}).items()})
+    row.update({f"env_{k}": v for k, v in ((meta.get("environment") or {}).get("variables") or {}).items()})
+    row["placement"] = placement.summary(meta.get("placement"))
     optimizer = meta.get("optimizer")
     row["optimizer"] = ", ".join(f"{k}={v}" for k, v in optimizer.items()) if isinstance(optimizer, dict) else optimizer
     row["path"] = str(run_dir)

@@ -34,6 +34,7 @@ from backends.base import Backend
 from benchmarks import config, environment, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
+from benchmarks.launch import placement
 from benchmarks.run import data, faults, fingerprint, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer
@@ -229,10 +230,12 @@ def run(
     start-up is recorded in run.json, said in one line by rank 0 (even when a signal or the watchdog ends
     it), and raised as RunFailed.
     """
+    user_env = environment.recorded_variables(os.environ)  # as the user gave it: nothing of ours is set yet
     cfg = workloads.resolve(cfg)
     info = launch.detect()
     backend_cls = backends.get(backend_name)
     launch.check_supported(backend_name, backend_cls.launchers, info)
+    placement.apply(cfg.bind, info.local_rank, info.local_world_size)
     workload = load_checked_workload(cfg, info.world_size)
     data_print = fingerprint.of_data(workload.train, workload.val)  # compared across ranks once they have joined
     workload, weight_prints = fingerprint.recording(workload)
@@ -310,6 +313,9 @@ def run(
     try:
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
         hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
+        ranks = backend.all_gather_object(
+            {"placement": placement.of_rank(backend.device.type, backend.device.index), "environment": user_env}
+        )
         fingerprint.check_data(data_print, backend.all_gather_object, cfg.workload)  # bad input: no run directory
         meta = {
             "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
@@ -322,6 +328,8 @@ def run(
             "config": {**(given or {}), **dataclasses.asdict(cfg), **dataclasses.asdict(options)},
             "workload_source": workloads.source(cfg.workload), "knobs": {}, "threads": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+            "placement": placement.record(cfg.bind, [r["placement"] for r in ranks]),
+            "environment": environment.by_rank([r["environment"] for r in ranks]),
             "optimizer": {"name": cfg.optimizer, "lr": cfg.lr},  # every hyper-parameter once it is built
             "versions": environment.versions(),
             "hosts": hosts, "command": sys.argv, "start_time": started,

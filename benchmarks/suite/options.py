@@ -133,13 +133,14 @@ def describe(cfg: RunConfig, preset: bool, jobs: list[Job], repeats: int, global
     steps = "one pass per epoch" if cfg.steps_per_epoch is None else f"--steps-per-epoch {cfg.steps_per_epoch}"
     # None: the workload decides (a custom factory's own default, mlp's split of its data)
     train, val = ("the workload's own" if v is None else v for v in (cfg.train_size, cfg.val_size))
-    shown = ("workload", "epochs", "steps_per_epoch", "warmup_steps", "batch_size", "lr", "train_size", "val_size")
+    shown = ("workload", "epochs", "steps_per_epoch", "warmup_steps", "batch_size", "lr", "train_size", "val_size",
+             "bind")  # fmt: skip
     plain = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in (*shown, "out", "run_id")}
     others = config.to_argv(dataclasses.replace(cfg, **plain))
     knobs = {j.variant.name: j.knobs for j in jobs}
     return (
         f"distbench compare: {names}; {ranks}, {repeats} repeat{'s' * (repeats != 1)} interleaved, "
-        f"OMP_NUM_THREADS={omp}\n"
+        f"OMP_NUM_THREADS={omp}, CPU placement --bind {cfg.bind or 'none'} for every rank\n"
         f"  {cfg.workload} ({where}): --epochs {cfg.epochs}, {steps}, --warmup-steps {cfg.warmup_steps}, "
         f"{batch}, --lr {cfg.lr}, --train-size {train}, --val-size {val}"
         + (f"; also {' '.join(others)}" if others else "")

@@ -20,6 +20,7 @@ import backends
 from benchmarks import config, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
+from benchmarks.launch import placement
 from benchmarks.launch.variants import BY_NAME, Variant
 
 DEFAULT = "ddp@torchrun,horovod@gloo,horovod@mpi"
@@ -78,9 +79,9 @@ def launcher_command(variant: Variant, nproc: int) -> list[str]:
         return [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "benchmarks.cli"]
     if variant.launcher == launch.HOROVODRUN:  # --mpi: horovodrun adds --allow-run-as-root and -H localhost:N
         return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *module]
-    if variant.launcher == launch.MPIRUN:
+    if variant.launcher == launch.MPIRUN:  # unbound, as under the other launchers: each rank applies --bind itself
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        return ["mpirun", "-np", str(nproc), "--oversubscribe", *root, *module]
+        return ["mpirun", "-np", str(nproc), "--oversubscribe", *placement.MPIRUN_ARGS, *root, *module]
     raise ValueError(f"no launch command for {variant.name}")
 
 
@@ -154,7 +155,10 @@ class Job:
         return 1 if self.variant.backend in backends.ONE_PROCESS else self.nproc
 
     def command(self, root: Path, run_id: str) -> list[str]:
-        plain = config.to_argv(dataclasses.replace(self.cfg, out=RunConfig.out, run_id=None))
+        """Its ranks' command line. --bind is always given (compare's default: none), so that every variant's
+        ranks are placed alike whatever their launcher would do."""
+        cfg = dataclasses.replace(self.cfg, bind=self.cfg.bind or placement.NONE)
+        plain = config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None))
         return [*launcher_command(self.variant, self.ranks), "run", "--backend", self.variant.backend,
                 *plain, *self.knobs, "--out", str(root), "--run-id", run_id]  # fmt: skip
 
