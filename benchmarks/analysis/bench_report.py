@@ -45,7 +45,8 @@ def write_synthetic_compare(root: Path, rows: int, ranks: int = 4, seed: int = 0
             "run_id": run_id, "backend": backend, "world_size": ranks, "epoch": 1, "step": np.arange(1, steps + 1),
             "split": "train", "loss": np.exp(-np.arange(steps) / steps), "accuracy": None, "samples": 32 * ranks,
         })  # fmt: skip
-        files.write_csv(loss, run_dir / results.LOSS_CSV, index=False, columns=results.LOSS_COLUMNS)
+        # reindex: the validation columns (schema 4) are empty on train rows, as a run writes them
+        files.write_csv(loss.reindex(columns=results.LOSS_COLUMNS), run_dir / results.LOSS_CSV, index=False)
         wall = float(timing[~timing.warmup].groupby("step")["step_s"].max().sum())  # a lock-step run
         meta = {"run_id": run_id, "backend": backend, "world_size": ranks, "workload": "synthetic",
                 "launcher": "torchrun", "global_batch": 32 * ranks, "threads": 1, "timed_wall_s": wall}  # fmt: skip
