@@ -40,13 +40,16 @@ class HorovodBackend(Backend[HorovodConfig]):
             raise InputError(str(exc)) from exc
 
     def init(self) -> None:
-        # Horovod: knobs are read from the environment at hvd.init().
+        # Horovod: knobs are read from the environment at hvd.init(). Never a value the user did not choose: an
+        # exported variable became the option's value, or contradicted a given option and was refused
+        # (benchmarks.environment.adopt_for_run, before any process group).
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.options.fusion_threshold_mb * 1024 * 1024))
         os.environ["HOROVOD_CYCLE_TIME"] = str(self.options.cycle_time_ms)
-        # Horovod: bound every wait by --timeout; a stalled rank ends the job instead of warning forever.
-        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, int(self.run.timeout)))
-        os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, int(self.run.timeout / 2)))
-        os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(max(2, int(self.run.timeout)))
+        # Horovod: bound every wait by --timeout; a stalled rank ends the job instead of warning forever. A
+        # value the user exported is kept (and recorded in run.json environment).
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, int(self.run.timeout))))
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(self.run.timeout / 2))))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(self.run.timeout))))
         if self.run.trace:
             os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"  # Horovod: allow hvd.start_timeline after init
         self.hvd_module = hvd = import_horovod()

@@ -285,6 +285,25 @@ def check_values(section_obj: Any) -> None:
             raise InputError(f"{flag_of(f)} must be at least {meta['at_least']}, got {value}")
 
 
+GIVEN = "_options_given"
+"""The namespace attribute that lists the options given on the command line (`given_explicitly`)."""
+
+
+class _StoreGiven(argparse.Action):
+    """argparse's plain store, which also notes that the option was given: an option that an exported
+    variable also sets is adopted from it only when not given (benchmarks.environment.adopt)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, {*getattr(namespace, GIVEN, ()), self.dest})
+
+
+def given_explicitly(args: argparse.Namespace) -> frozenset[str]:
+    """The field names of the (non-flag) options given on the command line, whatever their value."""
+    return frozenset(getattr(args, GIVEN, ()))
+
+
 def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
     """Add one `--kebab-case` option per field of a config dataclass."""
     group = parser.add_argument_group(section.__name__, section.__doc__)
@@ -304,7 +323,8 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
             group.add_argument(flag_of(f), action=action, default=f.default).help = help_text
             continue
         kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(f.type), str)
-        group.add_argument(flag_of(f), type=kind, default=default, help=help_text, choices=f.metadata.get("choices"))
+        group.add_argument(flag_of(f), type=kind, default=default, help=help_text, choices=f.metadata.get("choices"),
+                           action=_StoreGiven)  # fmt: skip
 
 
 def from_namespace(section: type[T], args: argparse.Namespace) -> T:

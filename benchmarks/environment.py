@@ -1,20 +1,26 @@
 """What this machine and this process's environment bring to a run: versions and the environment
-variables that can change a measurement (run.json), and `distbench doctor`.
+variables that can change a measurement (run.json), the rule for a variable an option also sets, and
+`distbench doctor`.
 
-Torch is imported only where a version is read, so that the parser of every `distbench` process can import
-this cheaply.
+Torch is imported only where a version is read, so the parser of every `distbench` process (and compare,
+before it starts any job) can apply the rule cheaply.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
+import math
 import os
 import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from benchmarks.errors import InputError
 
 HOROVOD_FIX = "run `make setup` (or docker/install-horovod.sh .venv/bin/python)"
 
@@ -153,3 +159,117 @@ def by_rank(per_rank: list[dict[str, str]]) -> dict[str, Any]:
         if diff:
             differing[str(rank)] = diff
     return {"variables": first, "ranks_differing": differing}
+
+
+# --- the rule for a variable that an option also sets ----------------------------------------------------------
+MIB = 1 << 20
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+@dataclass(frozen=True)
+class EnvOption:
+    """An option whose value distbench also writes into an environment variable (or that overrides one)."""
+
+    field: str
+    """The options dataclass field (benchmarks.config), on whichever section has it."""
+    names: tuple[str, ...]
+    read: Callable[[str], float]
+    """The variable's text as the option's value (HOROVOD_FUSION_THRESHOLD's bytes as MB)."""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+
+ENV_OPTIONS = (
+    # torch.set_num_threads(--threads) sets OpenMP's and MKL's thread counts both.
+    EnvOption("threads", ("OMP_NUM_THREADS", "MKL_NUM_THREADS"), _positive_int),
+    EnvOption("fusion_threshold_mb", ("HOROVOD_FUSION_THRESHOLD",), lambda text: int(text) / MIB),
+    EnvOption("cycle_time_ms", ("HOROVOD_CYCLE_TIME",), float),
+)
+"""The rule (docs/fairness.md): where the environment sets one of these variables and the option was not
+given, the variable's value becomes the option's and rank 0 (or compare's start-up line) says so; where the
+option was given too and the two differ, the run is refused. distbench never overwrites such a variable
+with a value the user did not choose."""
+TORCHRUN_OMP = "1"
+"""OMP_NUM_THREADS torchrun exports by itself when it starts several ranks and the variable is unset: not the
+user's choice, so not adopted (distbench's own default, cores ÷ local ranks, applies as under every launcher)."""
+
+T = TypeVar("T")
+
+
+def _text(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def adopt(section: T, explicit: Collection[str], env: Mapping[str, str],
+          ignore: Collection[str] = ()) -> tuple[T, dict[str, dict[str, Any]]]:  # fmt: skip
+    """`section` (a config dataclass) with the rule applied to each of its fields in ENV_OPTIONS, and what was
+    adopted ({field: {'from': 'VAR=text', 'value': value}}: run.json `environment.adopted`). A field counts
+    as given when it is in `explicit` (the options on the command line) or differs from its default. Raises
+    InputError (one line) on a contradiction."""
+    defaults = {f.name: f.default for f in dataclasses.fields(section)}  # type: ignore[arg-type]
+    changes: dict[str, Any] = {}
+    adopted: dict[str, dict[str, Any]] = {}
+    for opt in ENV_OPTIONS:
+        if opt.field not in defaults:
+            continue
+        found = {n: env[n].strip() for n in opt.names if env.get(n, "").strip() and n not in ignore}
+        values = {}
+        for name, text in found.items():
+            try:
+                values[name] = opt.read(text)
+            except ValueError:
+                raise InputError(f"{name}={text!r} in the environment is not a valid {opt.flag} value; "
+                                 f"unset it or give a number") from None  # fmt: skip
+        if not values:
+            continue
+        current = getattr(section, opt.field)
+        said = " and ".join(f"{n}={found[n]}" for n in values)
+        if opt.field in explicit or current != defaults[opt.field]:
+            wrong = [n for n, v in values.items() if not math.isclose(v, current)]
+            if wrong:
+                raise InputError(
+                    f"{said} in the environment and {opt.flag} {_text(current)} disagree; give the value one way: "
+                    f"{opt.flag} alone (unset {' and '.join(wrong)}) or the environment alone"
+                )
+            continue
+        if len({round(v, 9) for v in values.values()}) > 1:
+            raise InputError(f"{said} in the environment disagree; set them alike, or unset them and give {opt.flag}")
+        changes[opt.field] = next(iter(values.values()))
+        adopted[opt.field] = {"from": said, "value": changes[opt.field]}
+    return (dataclasses.replace(section, **changes) if changes else section), adopted  # type: ignore[type-var]
+
+
+def adoption_notes(adopted: dict[str, dict[str, Any]], who: str = "distbench") -> list[str]:
+    """The lines that say what the environment set: 'distbench: OMP_NUM_THREADS=4 from the environment sets
+    --threads 4'."""
+    flags = {o.field: o.flag for o in ENV_OPTIONS}
+    return [f"{who}: {a['from']} from the environment sets {flags[field]} {_text(a['value'])} (docs/fairness.md)"
+            for field, a in adopted.items()]  # fmt: skip
+
+
+TRACE_TIMELINE = "HOROVOD_TIMELINE"
+
+
+def adopt_for_run(cfg: T, options: Any, explicit: Collection[str], env: Mapping[str, str], launcher: str,
+                  local_world_size: int) -> tuple[T, Any, dict[str, dict[str, Any]]]:  # fmt: skip
+    """The rule for `distbench run`, on every rank before any process group: run options and the backend's own.
+    torchrun's own OMP_NUM_THREADS=1 is not the user's (TORCHRUN_OMP); with --trace, Horovod's timeline
+    variable is distbench's to set."""
+    ignore = ["OMP_NUM_THREADS"] if launcher == "torchrun" and local_world_size > 1 and env.get(
+        "OMP_NUM_THREADS", "").strip() == TORCHRUN_OMP else []  # fmt: skip
+    cfg, adopted = adopt(cfg, explicit, env, ignore)
+    options, more = adopt(options, explicit, env)
+    if getattr(cfg, "trace", False) and hasattr(options, "fusion_threshold_mb") and env.get(TRACE_TIMELINE):
+        raise InputError(
+            f"--trace starts Horovod's timeline itself ({TRACE_TIMELINE}=DYNAMIC), but the environment sets "
+            f"{TRACE_TIMELINE}={env[TRACE_TIMELINE]}; unset {TRACE_TIMELINE} or leave out --trace"
+        )
+    return cfg, options, {**adopted, **more}

@@ -22,7 +22,7 @@ import shutil
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,19 +222,25 @@ def run(
     options: Any,
     given: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
+    explicit: Collection[str] = frozenset(),
 ) -> Path | None:
     """Run one benchmark inside whatever launched this process; rank 0 returns the run directory.
 
     `given` is every option the user passed (other backends' too), recorded in run.json `config` next to
     the values in effect; rank 0 prints `notes` once the input has passed every check. A failure after
     start-up is recorded in run.json, said in one line by rank 0 (even when a signal or the watchdog ends
-    it), and raised as RunFailed.
+    it), and raised as RunFailed. `explicit` names the options given on the command line: an exported
+    variable that one of them also sets is adopted only when it was not (benchmarks.environment.adopt).
     """
     user_env = environment.recorded_variables(os.environ)  # as the user gave it: nothing of ours is set yet
     cfg = workloads.resolve(cfg)
     info = launch.detect()
     backend_cls = backends.get(backend_name)
     launch.check_supported(backend_name, backend_cls.launchers, info)
+    cfg, options, adopted = environment.adopt_for_run(
+        cfg, options, explicit, os.environ, info.launcher, info.local_world_size
+    )
+    notes = [*notes, *environment.adoption_notes(adopted)]
     placement.apply(cfg.bind, info.local_rank, info.local_world_size)
     workload = load_checked_workload(cfg, info.world_size)
     data_print = fingerprint.of_data(workload.train, workload.val)  # compared across ranks once they have joined
@@ -329,7 +335,7 @@ def run(
             "workload_source": workloads.source(cfg.workload), "knobs": {}, "threads": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "placement": placement.record(cfg.bind, [r["placement"] for r in ranks]),
-            "environment": environment.by_rank([r["environment"] for r in ranks]),
+            "environment": {**environment.by_rank([r["environment"] for r in ranks]), "adopted": adopted},
             "optimizer": {"name": cfg.optimizer, "lr": cfg.lr},  # every hyper-parameter once it is built
             "versions": environment.versions(),
             "hosts": hosts, "command": sys.argv, "start_time": started,

@@ -145,4 +145,5 @@ def describe(cfg: RunConfig, preset: bool, jobs: list[Job], repeats: int, global
         f"{batch}, --lr {cfg.lr}, --train-size {train}, --val-size {val}"
         + (f"; also {' '.join(others)}" if others else "")
         + "".join(f"\n  {name} only: {' '.join(argv)}" for name, argv in knobs.items() if argv)
+        + "".join(f"\n  {note}" for note in dict.fromkeys(n for j in jobs for n in j.notes))
     )

@@ -9,15 +9,17 @@ Imported by the parser of every `distbench` process, ranks included: no torch, n
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import backends
-from benchmarks import config, launch
+from benchmarks import config, environment, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
@@ -141,9 +143,11 @@ class Job:
     knobs: list[str]
     """The variant's own backend options (--bucket-cap-mb 5, …), after the run options."""
     threads: int
-    """OMP_NUM_THREADS for its launcher: the same for every variant at one world size."""
+    """OMP_NUM_THREADS for its launcher and its ranks' --threads: the same for every variant at one world size."""
     run_prefix: str
     """Its runs are <run_prefix>-r<repeat>."""
+    notes: tuple[str, ...] = ()
+    """What the user's environment set for it (`environment_rule`), for the start-up lines."""
 
     @property
     def strategy(self) -> str:
@@ -155,24 +159,45 @@ class Job:
         return 1 if self.variant.backend in backends.ONE_PROCESS else self.nproc
 
     def command(self, root: Path, run_id: str) -> list[str]:
-        """Its ranks' command line. --bind is always given (compare's default: none), so that every variant's
-        ranks are placed alike whatever their launcher would do."""
-        cfg = dataclasses.replace(self.cfg, bind=self.cfg.bind or placement.NONE)
+        """Its ranks' command line. --threads and --bind are always given, so that a rank takes them from
+        here, never from OMP_NUM_THREADS (which compare sets to the same value) or from its launcher."""
+        cfg = dataclasses.replace(self.cfg, threads=self.threads, bind=self.cfg.bind or placement.NONE)
         plain = config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None))
         return [*launcher_command(self.variant, self.ranks), "run", "--backend", self.variant.backend,
                 *plain, *self.knobs, "--out", str(root), "--run-id", run_id]  # fmt: skip
 
 
+def environment_rule(cfg: RunConfig, threads: int | None, knobs: dict[str, list[str]],
+                     env: Mapping[str, str]) -> tuple[int | None, tuple[str, ...]]:  # fmt: skip
+    """The rule of docs/fairness.md for the user's own environment, before any job starts: the threads the
+    jobs get (an exported OMP_NUM_THREADS or MKL_NUM_THREADS when neither --threads nor `threads` is given) and
+    the lines that say what the environment set. A backend knob (HOROVOD_FUSION_THRESHOLD, …) is adopted by
+    its ranks, which see the same environment; here it is only checked, so that a contradiction is refused in
+    one line before anything runs (InputError) rather than by every job."""
+    chosen = dataclasses.replace(cfg, threads=threads or cfg.threads)
+    chosen, adopted = environment.adopt(chosen, (), env)
+    for backend, argv in knobs.items():
+        section = backends.get(backend).options_type
+        parser = argparse.ArgumentParser(add_help=False)
+        config.add_arguments(parser, section)
+        given = parser.parse_args(argv)
+        _, more = environment.adopt(config.from_namespace(section, given), config.given_explicitly(given), env)
+        adopted.update(more)
+    return chosen.threads, tuple(environment.adoption_notes(adopted, "distbench"))
+
+
 def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_batch: int | None,
              knobs: dict[str, list[str]], threads: int | None = None,
-             strategies: list[str] | None = None) -> list[Job]:  # fmt: skip
+             strategies: list[str] | None = None, env: Mapping[str, str] | None = None) -> list[Job]:  # fmt: skip
     """One job per world size, variant and validation strategy (`strategies`, cfg's own by default), in the
     order they interleave. Weak scaling (no `global_batch`) keeps cfg's per-rank batch; strong gives each
     world size global_batch ÷ (ranks × accumulate) per rank. A one-process variant gets the whole global
     batch, so it trains on the samples the others do. With several strategies a run's name carries its own
-    (`ddp-sampler-r0`)."""
+    (`ddp-sampler-r0`). Threads: `threads`, else cfg's --threads, else the user's environment (`env`, this
+    process's by default; `environment_rule`), else cores ÷ ranks."""
     batches = per_rank_batches(global_batch, sizes, cfg.accumulate) if global_batch else {}
     strategies = strategies or [cfg.val_strategy]
+    threads, notes = environment_rule(cfg, threads, knobs, os.environ if env is None else env)
     jobs = []
     for n in sizes:
         at_n = dataclasses.replace(cfg, batch_size=batches.get(n, cfg.batch_size))
@@ -182,5 +207,6 @@ def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_bat
             for strategy in strategies:
                 named = prefix if len(strategies) == 1 else f"{prefix}-{strategy}"
                 job_cfg = dataclasses.replace(mine, val_strategy=strategy)
-                jobs.append(Job(v, n, job_cfg, knobs.get(v.backend, []), threads or launch.default_threads(n), named))
+                own = knobs.get(v.backend, [])
+                jobs.append(Job(v, n, job_cfg, own, threads or launch.default_threads(n), named, notes))
     return jobs
