@@ -1,11 +1,13 @@
 """The decision: per setup, what to pick, how sure that is, at what memory cost, or what would settle it.
 
-Per setup (workload, global batch, world size) the recommended variant is the one of highest geometric-
-mean throughput; every other variant gets its throughput ratio to it with a 95 % interval and a status:
-`equivalent` (the interval lies within ±precision of 1), `resolved` (it lies wholly below 1), or
-`unresolved` (neither, or too few runs for an interval). A resolved pick names one reason from the step
-breakdown, only when that part's own difference is resolved; an unresolved one estimates the repeats that
-would resolve a difference of the size observed. In a scaling study the decision is made at the largest
+Per setup (workload, global batch, world size) the variant of highest geometric-mean throughput leads;
+every other variant gets its throughput ratio to it with a 95 % interval (`intervals.ratio_interval`: Welch
+for a fixed design, the two-stage interval after a planned second stage) and a status: `equivalent` (the
+whole interval lies within the margin, [1/(1+M), 1+M]), `resolved` (it excludes 1), or `unresolved`
+(neither, or too few runs for an interval). The leader is a pick only when no ratio is unresolved; otherwise
+it is "ahead on these runs". A resolved ratio names one reason from the step breakdown, only when that
+part's own difference is resolved; an unresolved one estimates the runs of each that would resolve a true
+difference of the size observed with 80 % power. In a scaling study the decision is made at the largest
 world size that is not oversubscribed; an oversubscribed setup never decides.
 
 decision.json (`SCHEMA_VERSION`) holds the same as the words; docs/results.md documents its fields.
@@ -21,22 +23,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchmarks.analysis import stats
+from benchmarks import files
+from benchmarks.analysis import intervals, stats
 from benchmarks.analysis.tables import SETUP, oversubscribed_words
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DECISION_JSON = "decision.json"
 PLAN_JSON = "plan.json"
-DEFAULT_PRECISION = 0.05
+DEFAULT_MARGIN = 0.05
+"""The smallest relative throughput difference worth a choice (`--margin`)."""
 MEMORY = {"peak_rss_mb": "peak RSS", "training_rss_mb": "of it training's own", "cuda_max_allocated_mb": "CUDA "
           "allocated", "cuda_max_reserved_mb": "CUDA reserved"}  # fmt: skip
 """The peak-memory measures per rank the decision shows (summary.csv's `<measure>_min`/`_max` over ranks)."""
+WELCH = "Welch on log throughput"
+TWO_STAGE = "two-stage: all runs' means, each variant's spread from its own pilot runs (Behrens–Fisher)"
 REASONS = {"compute_ms": "compute", "exposed_comm_ms": "exposed communication and overhead"}
-
-
-def _repeat(run_id: Any) -> int:
-    match = re.search(r"-r(\d+)$", str(run_id))
-    return int(match.group(1)) if match else 0
 
 
 def _number(value: Any) -> float | None:
@@ -79,15 +80,18 @@ def _reason(breakdown: pd.DataFrame | None, alternative: str, pick: str, setup: 
     }
 
 
-def _status(ratio: float, lo: float, hi: float, precision: float) -> str:
+def status_of(lo: float, hi: float, margin: float) -> str:
+    """`equivalent` when the whole interval lies within [1/(1+M), 1+M], else `resolved` when it excludes 1."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return "unresolved"
-    if lo >= 1 - precision and hi <= 1 + precision:
+    if lo >= 1 / (1 + margin) and hi <= 1 + margin:
         return "equivalent"
     return "resolved" if hi < 1 or lo > 1 else "unresolved"
 
 
 def _command(base: str, setup: dict[str, Any], variants: list[str], repeats: int) -> str:
+    """The command that reruns the comparison with `repeats` of each: the original line (every option that shaped
+    the decision kept) with its --repeats replaced."""
     if base:
         return re.sub(r"\s--repeats[ =]\d+", "", base) + f" --repeats {repeats}"
     return (
@@ -100,13 +104,17 @@ def _decide_setup(
     setup: dict[str, Any],
     group: pd.DataFrame,
     breakdown: pd.DataFrame | None,
-    precision: float,
+    margin: float,
     pilot: int | None,
     knobs: dict[str, dict[str, Any]],
     command: str,
     efficiency: dict[str, float],
 ) -> dict[str, Any]:
-    ok = group[group.status == "completed"].assign(repeat=lambda f: f.run_id.map(_repeat)).sort_values("repeat")
+    ok = (
+        group[group.status == "completed"]
+        .assign(repeat=lambda f: f.run_id.map(intervals.repeat_of))
+        .sort_values("repeat")
+    )
     by_variant = {v: rows for v, rows in ok.groupby("variant", sort=False)}
     means = {v: stats.log_ci(rows.samples_per_s)[0] for v, rows in by_variant.items()}
     means = {v: m for v, m in means.items() if np.isfinite(m)}
@@ -114,7 +122,6 @@ def _decide_setup(
     if not means:
         return {**entry, "status": "no-data", "recommended": None, "note": "no completed run"}
     pick = max(means, key=means.__getitem__)
-    pilots = [rows.samples_per_s[rows.repeat < pilot] for rows in by_variant.values()] if pilot else None
     mean, lo, hi = stats.log_ci(by_variant[pick].samples_per_s)
     entry["recommended"] = {
         "variant": pick,
@@ -129,9 +136,8 @@ def _decide_setup(
     for variant, rows in by_variant.items():
         if variant == pick:
             continue
-        a, b = rows.samples_per_s, by_variant[pick].samples_per_s
-        ratio, rlo, rhi = stats.stein_ratio_ci(a, b, pilots) if pilots else stats.ratio_ci(a, b)
-        status = _status(ratio, rlo, rhi, precision)
+        ratio, rlo, rhi = intervals.interval_of(rows, by_variant[pick], pilot)
+        status = status_of(rlo, rhi, margin)
         alt: dict[str, Any] = {
             "variant": variant,
             "ratio": ratio,
@@ -145,7 +151,8 @@ def _decide_setup(
         if status == "resolved":
             alt["reason"] = _reason(breakdown, variant, pick, setup)
         elif status == "unresolved":
-            needed = stats.runs_to_resolve(a, b)
+            floors = (intervals.floor_of(rows), intervals.floor_of(by_variant[pick]))
+            needed = intervals.runs_to_resolve(rows.samples_per_s, by_variant[pick].samples_per_s, floors)
             alt["repeats_to_resolve_estimate"] = needed
             if needed:
                 alt["command"] = _command(command, setup, list(by_variant), needed)
@@ -175,17 +182,48 @@ def read_plan(paths: list[str | Path]) -> dict[str, Any] | None:
     return json.loads((Path(paths[0]) / PLAN_JSON).read_text())
 
 
-def planned_repeats(per_run: pd.DataFrame, precision: float) -> int:
-    """Runs per variant that every ratio of a setup needs to reach `precision`, from the pilot's completed
-    runs (`stats.planned_runs` over each setup's variants; the largest setup's need)."""
-    ok = per_run[per_run.status == "completed"] if len(per_run) else per_run
-    # An arm is a run id less its repeat: a variant in compare, a variant at one setting in tune's final stage.
-    ok = ok.assign(arm=ok.run_id.astype(str).str.replace(r"-r\d+$", "", regex=True))
-    needs = [
-        stats.planned_runs([rows.samples_per_s for _, rows in group.groupby("arm", sort=False)], precision)
-        for _, group in ok.groupby(list(SETUP), sort=False)
-    ]
-    return max(needs, default=0)
+def _training_runs(per_run: pd.DataFrame) -> pd.DataFrame:
+    """The runs a training decision is made on: a validation strategy changes no training step, so the runs of
+    one variant under several strategies are the same training; the default (exact) ones, never eval-only runs."""
+    runs = per_run.assign(variant=per_run["variant"].fillna(per_run["backend"]))
+    if "eval_only" in runs:
+        runs = runs[~runs["eval_only"].fillna(False).astype(bool)]
+    if "val_strategy" in runs and (runs["val_strategy"].fillna("exact") == "exact").any():
+        runs = runs[runs["val_strategy"].fillna("exact") == "exact"]
+    over = runs.get("oversubscribed", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
+    return runs.assign(oversubscribed=over)
+
+
+def _setups(runs: pd.DataFrame) -> list[tuple[dict[str, Any], pd.DataFrame, bool]]:
+    """Each setup with its runs and whether it decides: an oversubscribed setup never does (it is listed to say
+    so), and a scaling study decides at its largest world size (the others are left out)."""
+    largest = runs[~runs.oversubscribed].groupby("workload")["world_size"].max()
+    found = []
+    for keys, group in runs.groupby(list(SETUP), sort=False):
+        setup = dict(zip(SETUP, keys, strict=True))
+        if group.oversubscribed.any():
+            found.append((setup, group, False))
+        elif setup["world_size"] == largest.get(setup["workload"]):
+            found.append((setup, group, True))
+    return found
+
+
+def planned_repeats(per_run: pd.DataFrame, precision: float) -> dict[str, int]:
+    """Runs of each arm (a run id less its repeat: a variant in compare, a variant at one setting in tune's
+    final stage) that every ratio of the setups that decide needs to reach `precision`, from the pilot's
+    completed runs alone (`intervals.planned_runs`: each arm from its own spread)."""
+    if not len(per_run) or "samples_per_s" not in per_run:
+        return {}
+    needs: dict[str, int] = {}
+    for _, group, decides in _setups(_training_runs(per_run)):
+        ok = group[group.status == "completed"]
+        if not decides or not len(ok):
+            continue
+        arms = {a: rows for a, rows in ok.groupby(ok.run_id.astype(str).map(intervals.arm_of), sort=False)}
+        planned = intervals.planned_runs([r.samples_per_s for r in arms.values()], precision,
+                                         [intervals.floor_of(r) for r in arms.values()])  # fmt: skip
+        needs.update(zip(arms, planned, strict=True))
+    return needs
 
 
 def decide(
@@ -197,56 +235,47 @@ def decide(
     command: str = "",
 ) -> dict[str, Any]:
     """decision.json's content from `tables.per_run_stats` rows, `why.per_run`'s breakdown per run and the
-    scaling table. `plan`: {"precision": P} as given to compare, or a two-stage compare's plan.json (its
-    intervals then take their spread from the pilot runs, `stats.stein_ratio_ci`). `knobs`: tune's kept
-    knobs per variant; `command`: the command line to rerun with more repeats."""
+    scaling table. `plan`: {"margin": M} for a fixed design, or a two-stage compare's plan.json (its
+    intervals are then two-stage, from the pilot's spreads). `knobs`: tune's kept knobs per variant;
+    `command`: the command line to rerun with more repeats."""
     plan = plan or {}
-    precision = plan.get("precision") or DEFAULT_PRECISION
+    margin = plan.get("margin") or DEFAULT_MARGIN
     pilot = plan.get("pilot")
     decision: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "precision": precision,
+        "margin": margin,
+        "precision": plan.get("precision"),
         "confidence": 0.95,
-        "interval": "two-stage (Stein): all runs' means, the pilot's spread" if pilot else "Welch on log throughput",
+        "interval": TWO_STAGE if pilot else WELCH,
         "plan": plan or None,
         "setups": [],
     }
     if not len(per_run) or "samples_per_s" not in per_run:
         return decision
-    runs = per_run.assign(variant=per_run["variant"].fillna(per_run["backend"]))
-    # The training decision: a validation strategy changes no training step, so the runs of one variant under
-    # several strategies are the same training; decide on the default (exact) ones, never on eval-only runs.
-    if "eval_only" in runs:
-        runs = runs[~runs["eval_only"].fillna(False).astype(bool)]
-    if "val_strategy" in runs and (runs["val_strategy"].fillna("exact") == "exact").any():
-        runs = runs[runs["val_strategy"].fillna("exact") == "exact"]
-    over = runs.get("oversubscribed", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
-    runs = runs.assign(oversubscribed=over)
-    largest = runs[~runs.oversubscribed].groupby("workload")["world_size"].max()
-    for keys, group in runs.groupby(list(SETUP), sort=False):
-        setup = dict(zip(SETUP, keys, strict=True))
-        efficiency: dict[str, float] = {}
-        if scale is not None and len(scale):
-            here = scale[(scale.workload == setup["workload"]) & (scale.world_size == setup["world_size"])]
-            efficiency = {str(r.variant): _number(r.efficiency) for r in here.itertuples()}
-        if group.oversubscribed.any():
+    runs = _training_runs(per_run)
+    for setup, group, decides in _setups(runs):
+        if not decides:
             cpus = group["cpus"].dropna() if "cpus" in group else pd.Series([], dtype=float)
             decision["setups"].append({**{k: _plain(v) for k, v in setup.items()}, "decides": False,
                                        "status": "oversubscribed",
                                        "note": oversubscribed_words(int(setup["world_size"]), cpus)})  # fmt: skip
             continue
-        if setup["world_size"] != largest.get(setup["workload"]):
-            continue  # a scaling study decides at its largest world size; the others are in the scaling table
+        efficiency: dict[str, float] = {}
+        if scale is not None and len(scale):
+            here = scale[(scale.workload == setup["workload"]) & (scale.world_size == setup["world_size"])]
+            efficiency = {str(r.variant): _number(r.efficiency) for r in here.itertuples()}
         decision["setups"].append(
-            _decide_setup(setup, group, breakdown, precision, pilot, knobs or {}, command, efficiency)
+            _decide_setup(setup, group, breakdown, margin, pilot, knobs or {}, command, efficiency)
         )
     return decision
 
 
-def _ratio_words(alt: dict[str, Any]) -> str:
+def _ratio_words(alt: dict[str, Any], margin: float) -> str:
     lo, hi = alt["ci"]
-    interval = f" ({lo:.2f}–{hi:.2f})" if np.isfinite(lo) else f" (no interval from {alt['runs']} runs)"
-    return f"{alt['variant']} {alt['ratio']:.2f}×{interval}"
+    if not (lo is not None and np.isfinite(lo)):
+        return f"{alt['variant']} {alt['ratio']:.2f}× (no interval from {alt['runs']} runs)"
+    digits = stats.interval_digits(lo, hi, margin)
+    return f"{alt['variant']} {alt['ratio']:.{digits}f}× ({lo:.{digits}f}–{hi:.{digits}f})"
 
 
 def _memory_words(memory: dict[str, list[float]]) -> str:
@@ -256,31 +285,43 @@ def _memory_words(memory: dict[str, list[float]]) -> str:
     return ", ".join(f"{MEMORY[k]} {mb(*v)}" for k, v in memory.items())
 
 
+def _head(setup: dict[str, Any], margin: float) -> str:
+    """The setup's one sentence: the pick (resolved), the equivalence (equivalent), or who is ahead (unresolved)."""
+    rec, alts = setup["recommended"], setup["alternatives"]
+    knobs = " with " + " ".join(f"{k}={v}" for k, v in rec["knobs"].items()) if rec["knobs"] else ""
+    eff = f", scaling efficiency {rec['efficiency']:.2f}" if rec.get("efficiency") is not None else ""
+    mem = f"; {_memory_words(rec['memory_mb'])} per rank" if rec["memory_mb"] else ""
+    by_status = {s: [a for a in alts if a["status"] == s] for s in ("resolved", "equivalent", "unresolved")}
+    if setup["status"] == "equivalent":
+        names = ", ".join([rec["variant"], *(a["variant"] for a in alts)])
+        head = f"{names} equally fast within ±{margin:.0%}, choose on other grounds; {rec['variant']}{knobs}{eff}{mem}"
+    elif setup["status"] == "unresolved":
+        head = f"{rec['variant']}{knobs} ahead on these runs, not resolved{eff}{mem}"
+    else:
+        head = f"pick {rec['variant']}{knobs}{eff}{mem}"
+    parts = []
+    if by_status["resolved"]:
+        parts.append("faster than " + ", ".join(_ratio_words(a, margin) for a in by_status["resolved"]))
+    if by_status["equivalent"]:
+        parts.append(f"equivalent within ±{margin:.0%} to " + ", ".join(_ratio_words(a, margin)
+                                                                        for a in by_status["equivalent"]))  # fmt: skip
+    if by_status["unresolved"]:
+        parts.append("not resolved against " + ", ".join(_ratio_words(a, margin) for a in by_status["unresolved"]))
+    return head + (" — " + "; ".join(parts) + " (throughput ratio to it, 95 % CI)" if parts else " (the only one)")
+
+
 def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
     """Per setup: its status, the decision in one sentence, and a line per other variant worth a word."""
     found = []
+    margin = decision.get("margin") or decision.get("precision") or DEFAULT_MARGIN  # schema 1 had no margin
     for setup in decision["setups"]:
         where = f"{setup['workload']}, global batch {setup['global_batch']}, {setup['world_size']} ranks"
         if not setup["decides"] or setup.get("recommended") is None:
             found.append({"status": "none", "head": f"{where}: no decision — {setup.get('note', setup['status'])}",
                           "details": []})  # fmt: skip
             continue
-        rec, alts, details = setup["recommended"], setup["alternatives"], []
-        knobs = " with " + " ".join(f"{k}={v}" for k, v in rec["knobs"].items()) if rec["knobs"] else ""
-        eff = f", scaling efficiency {rec['efficiency']:.2f}" if rec.get("efficiency") is not None else ""
-        mem = f"; {_memory_words(rec['memory_mb'])} per rank" if rec["memory_mb"] else ""
-        head = f"{where}: pick {rec['variant']}{knobs}{eff}{mem}"
-        by_status = {s: [a for a in alts if a["status"] == s] for s in ("resolved", "equivalent", "unresolved")}
-        parts = []
-        if by_status["resolved"]:
-            parts.append("faster than " + ", ".join(_ratio_words(a) for a in by_status["resolved"]))
-        if by_status["equivalent"]:
-            within = f"equivalent within ±{decision['precision']:.0%} to "
-            parts.append(within + ", ".join(_ratio_words(a) for a in by_status["equivalent"]))
-        if by_status["unresolved"]:
-            parts.append("not resolved against " + ", ".join(_ratio_words(a) for a in by_status["unresolved"]))
-        head += " — " + "; ".join(parts) + " (throughput ratio to the pick, 95 % CI)" if parts else " (the only one)"
-        for alt in alts:
+        details = []
+        for alt in setup["alternatives"]:
             extra = []
             if alt.get("efficiency") is not None:
                 extra.append(f"scaling efficiency {alt['efficiency']:.2f}")
@@ -291,31 +332,37 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
                 details.append(f"why {alt['variant']} is slower: {alt['reason']['text']}{tail}")
             elif alt["status"] == "unresolved" and alt.get("repeats_to_resolve_estimate"):
                 details.append(
-                    f"to settle {alt['variant']}: about {alt['repeats_to_resolve_estimate']} runs of each would "
-                    f"resolve a difference of {abs(1 - alt['ratio']):.1%} at the measured spread (an estimate): "
-                    f"{alt['command']}{tail}"
+                    f"to settle {alt['variant']}: an estimate — {alt['repeats_to_resolve_estimate']} runs of each give "
+                    f"an {intervals.POWER:.0%} chance of resolving a true difference of {abs(1 - alt['ratio']):.1%} "
+                    f"(the one observed) at the measured spreads: {alt['command']}{tail}"
                 )
             elif alt["status"] == "unresolved":
                 details.append(f"to settle {alt['variant']}: run at least {stats.MIN_RUNS} repeats of each{tail}")
             elif extra:
                 details.append(f"{alt['variant']}: {', '.join(extra)}")
-        found.append({"status": setup["status"], "head": head, "details": details})
+        found.append({"status": setup["status"], "head": f"{where}: {_head(setup, margin)}", "details": details})
     return found
 
 
 def precision_words(decision: dict[str, Any]) -> str:
-    """For a two-stage compare: the precision every ratio reached, and what a capped plan would have needed."""
+    """After a second stage: the precision every ratio reached, the runs that completed of each variant, and
+    what the plan would have needed where the cap or the budget stopped it."""
     plan = decision.get("plan") or {}
     if not plan.get("pilot"):
         return ""
     widths = [a["half_width"] for s in decision["setups"] for a in s.get("alternatives", [])]
     widths = [w for w in widths if w is not None and np.isfinite(w)]
     reached = f"±{max(widths):.1%}" if widths else "no interval"
-    text = (f"Precision: every ratio's 95 % interval within {reached} of it (target ±{plan['precision']:.1%}) after "
-            f"{plan['ran']} runs of each ({plan['pilot']} pilot + {plan['ran'] - plan['pilot']} planned)")  # fmt: skip
-    if plan.get("capped"):
-        text += (f"; the target would have needed {plan['needed']} runs of each: capped by --max-repeats "
-                 f"{plan['max_repeats']} (raise it to reach ±{plan['precision']:.1%})")  # fmt: skip
+    runs = {s["recommended"]["variant"]: s["recommended"]["runs"] for s in decision["setups"] if s.get("recommended")}
+    runs.update({a["variant"]: a["runs"] for s in decision["setups"] for a in s.get("alternatives", [])})
+    counted = ", ".join(f"{v} {n}" for v, n in runs.items())
+    text = (f"Precision: every ratio's 95 % interval within {reached} of it (target ±{plan['precision']:.1%}); "
+            f"completed runs after a pilot of {plan['pilot']}: {counted}")  # fmt: skip
+    if plan.get("budget"):
+        text += f"; {plan['budget']}"
+    short = {a: n for a, n in (plan.get("needed") or {}).items() if n > (plan.get("ran") or {}).get(a, n)}
+    if short:
+        text += "; the target needed " + ", ".join(f"{a} {n}" for a, n in short.items()) + " runs"
     return text
 
 
@@ -344,5 +391,4 @@ def write(out: Path, decision: dict[str, Any]) -> Path:
             return float(value) if np.isfinite(value) else None
         return _plain(value)
 
-    path.write_text(json.dumps(clean(decision), indent=2) + "\n")
-    return path
+    return files.write_text(path, json.dumps(clean(decision), indent=2) + "\n")

@@ -81,7 +81,9 @@ def write(
     if evaluated.all():  # `--eval-only` runs alone: no training to tabulate or decide on
         return _evaluation_page(per_run, validated, out, formats)
     per_run = per_run[~evaluated]  # training's tables, plots and decision; eval-only runs are validation's
-    table = tables.backend_table(per_run)
+    given = known or {}
+    plan = given.get("plan") or decision.read_plan(paths)
+    table = tables.backend_table(per_run, (plan or {}).get("pilot"))  # the decision's intervals
     summary = terminal.format_table(table, tables.loss_agreement(rs))
     scale = evaluation.eval_scaling(tables.scaling(per_run), per_run)  # evaluation's beside training's
     if len(scale):
@@ -101,11 +103,7 @@ def write(
     images.append(evaluation.scaling_figure(validated, out / "eval_scaling.png"))
     breakdown = why.per_run(rs)
     explained = why.section(rs, per_run, paths, out, breakdown)
-    given = known or {}
-    decided = decision.decide(
-        per_run, breakdown, scale, given.get("plan") or decision.read_plan(paths), given.get("knobs"),
-        given.get("command", ""),
-    )  # fmt: skip
+    decided = decision.decide(per_run, breakdown, scale, plan, given.get("knobs"), given.get("command", ""))
     decision.write(out, decided)
     sections = {
         "Per backend": table,

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from backends import ONE_PROCESS
-from benchmarks.analysis import stats
+from benchmarks.analysis import intervals, stats
 from benchmarks.analysis.agreement import Agreement, loss_agreement
 from benchmarks.analysis.load import INTERRUPTED, MEMORY_COLUMNS, VALIDATION_COLUMNS, RunSet, with_strategy
 
@@ -217,11 +217,12 @@ def setups(per_run: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
     return [(dict(zip(keys, s, strict=True)), per_run[setup.map(s.__eq__)]) for s in dict.fromkeys(setup)]
 
 
-def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
+def backend_table(per_run: pd.DataFrame, pilot: int | None = None) -> pd.DataFrame:
     """Per setup and backend: geometric-mean throughput with a 95 % CI, ratio to the setup's first backend.
 
-    Intervals are on log throughput (never a negative bound) and absent with fewer than 3 runs; the
-    `interval` column then says why. `warning` flags runs too short to time well, `error` a failed run's.
+    Intervals are on log throughput (never a negative bound) and absent with fewer than 3 runs, which the
+    `interval` column then says; a ratio's is the decision's (`intervals.interval_of`: two-stage after a second
+    stage whose `pilot` is given, else Welch). `warning` flags runs too short to time well, `error` a failed run's.
     """
     rows: list[dict] = []
     if not len(per_run):
@@ -230,7 +231,7 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
         order = list(dict.fromkeys(group["backend"]))
         ok = group[group.status == "completed"]
         base_name = next((b for b in order if (ok.backend == b).any()), None)
-        base = ok[ok.backend == base_name]["samples_per_s"]
+        base = ok[ok.backend == base_name]
         for backend in order:
             mine, all_mine = ok[ok.backend == backend], group[group.backend == backend]
             # A run a signal stopped is counted apart: it says nothing about the backend (`interrupted` names one).
@@ -265,7 +266,7 @@ def backend_table(per_run: pd.DataFrame) -> pd.DataFrame:
                 if backend == base_name:
                     row.update(ratio=1.0, ratio_low=np.nan, ratio_high=np.nan)  # the base of the ratios
                 else:
-                    ratio, rlo, rhi = stats.ratio_ci(mine["samples_per_s"], base)
+                    ratio, rlo, rhi = intervals.interval_of(mine, base, pilot)  # the decision's interval
                     row.update(ratio=ratio, ratio_low=rlo, ratio_high=rhi)
                 if "warning" in mine:
                     warned = mine[mine.warning.fillna("") != ""]

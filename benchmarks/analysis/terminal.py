@@ -89,7 +89,9 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
             is_base = base is None
             base = base or row["backend"]
             sps = interval(row["samples_per_s"], row["ci_low"], row["ci_high"], ".1f")
-            ratio = interval(row.get("ratio", np.nan), row.get("ratio_low"), row.get("ratio_high"), ".2f", is_base)
+            low, high = row.get("ratio_low", np.nan), row.get("ratio_high", np.nan)
+            digits = stats.interval_digits(low, high) if pd.notna(low) and pd.notna(high) else 2  # 1 never blurred
+            ratio = interval(row.get("ratio", np.nan), low, high, f".{digits}f", is_base)
             lines.append(
                 f"{row['backend']:<{width}} {okfail:>7} {sps:>26} {ratio:>24} {row['step_p50_s']:>9.4f} "
                 f"{row['step_p99_s']:>9.4f} {row['final_train_loss']:>10.4f} {row['final_val_loss']:>9.4f} "
@@ -107,7 +109,8 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
         agreement = Agreement(train=float(agreement))
     lines += [*agreement.lines(), *verdicts, *warnings]
     lines.append(
-        "samples/s: geometric mean over runs, 95% CI on log throughput; ratio: Welch 95% CI on log throughput; "
+        "samples/s: geometric mean over runs, 95% CI on log throughput; ratio: the decision's 95% CI (Welch on log "
+        "throughput, or two-stage after a planned second stage); "
         f"no CI from < {stats.MIN_RUNS} runs. p50/p99 step (slowest rank, s) and final losses: means over runs, "
         "descriptive, no interval. peak MB/rank: the smallest–largest rank's peak memory (RSS on CPU, CUDA "
         "allocated on GPU), means over runs."

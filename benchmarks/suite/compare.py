@@ -76,13 +76,14 @@ def make_compare_dir(out: Path, compare_id: str | None) -> Path:
 
 
 def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Supervisor,
-             label: str = "compare", first: int = 0) -> list[Attempt]:  # fmt: skip
-    """Every (repeat, job) into `root`, interleaved, repeats `first` to `repeats` − 1; a failing job is recorded
-    and the others still run. Once `supervisor` is interrupted the running job is stopped and recorded, and no
-    other starts."""
+             label: str = "compare", first: int = 0, arms: set[str] | None = None) -> list[Attempt]:  # fmt: skip
+    """Every (repeat, job) into `root`, interleaved, repeats `first` to `repeats` − 1 (of the jobs whose run prefix
+    is in `arms`, when given); a failing job is recorded and the others still run. Once `supervisor` is
+    interrupted the running job is stopped and recorded, and no other starts."""
     from benchmarks.run import recorder as results
 
     attempts: list[Attempt] = []
+    jobs = [j for j in jobs if arms is None or j.run_prefix in arms]
     total = (repeats - first) * len(jobs)
     for repeat in range(first, repeats):
         for job in jobs:
@@ -134,33 +135,32 @@ def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Su
 
 def compare(
     jobs: list[Job],
-    repeats: int,
+    design: argparse.Namespace,
     root: Path,
     scaling: str = WEAK,
     started: float | None = None,
-    target: float | None = None,
-    max_repeats: int = precision.DEFAULT_MAX_REPEATS,
     command: str = "",
 ) -> int:
     """Run every (repeat, job) into `root`, write comparison.csv, print the decision and the tables; 0 only if
     all succeeded, 130 when a signal stopped it (what completed is written all the same).
 
-    `started` is when the command started (`time.perf_counter()`), so the checks before the jobs count
-    in the wall time. With `target` (--precision), `repeats` is the pilot of a two-stage compare.
+    `design` is the options `precision.check` filled in (repeats, margin, precision, max_repeats, budget_s): with
+    a precision, `repeats` is the pilot of a two-stage compare. `started` is when the command started
+    (`time.perf_counter()`), so the checks before the jobs count in the wall time.
     """
     first_job = time.perf_counter()
     started = first_job if started is None else started
     with processes.Supervisor(root) as supervisor:
-        attempts = run_jobs(jobs, repeats, root, supervisor)
+        attempts = run_jobs(jobs, design.repeats, root, supervisor)
         more, plan = precision.second_stage(
-            root, repeats, target, max_repeats,
-            lambda first, stop: run_jobs(jobs, stop, root, supervisor, first=first), lambda: supervisor.interrupted,
+            root, design, lambda first, stop, arms: run_jobs(jobs, stop, root, supervisor, first=first, arms=arms),
+            lambda: supervisor.interrupted,
         )  # fmt: skip
         attempts += more
         t0 = time.perf_counter()
         phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
-        table = write_comparison(root, attempts, jobs, scaling)
-        write_report(root, table, {"plan": plan or ({"precision": target} if target else None), "command": command})
+        table = write_comparison(root, attempts, jobs, scaling, plan.get("pilot"))
+        write_report(root, table, {"plan": plan, "command": command})
         phases["table and report"] = time.perf_counter() - t0
         print(time_line(attempts, phases, time.perf_counter() - started))
         print(root)
@@ -245,8 +245,11 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
     return pd.DataFrame(rows), rs
 
 
-def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str = WEAK) -> str:
-    """comparison.csv (one row per run, failures included) and the terminal tables."""
+def write_comparison(
+    root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str = WEAK, pilot: int | None = None
+) -> str:
+    """comparison.csv (one row per run, failures included) and the terminal tables (a two-stage compare's
+    intervals from its `pilot`)."""
     import pandas as pd
 
     from benchmarks.analysis import evaluation, load, tables, terminal
@@ -265,7 +268,7 @@ def write_comparison(root: Path, attempts: list[Attempt], jobs: list[Job], scali
     if not only.all():  # --eval-only trains nothing: its rows are validation's alone
         agreement = tables.loss_agreement(rs) if rs is not None else float("nan")  # nan: no run to compare
         training = labelled[~only]
-        parts.append(terminal.format_table(tables.backend_table(training), agreement))
+        parts.append(terminal.format_table(tables.backend_table(training, pilot), agreement))
         scale = tables.scaling(training)
         if len(scale):
             parts.append(terminal.format_scaling(scale))
@@ -281,9 +284,9 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     cfg, preset = effective_config(args)
     chosen = variants.parse(args.backends, args.launcher)
     sizes = variants.parse_nproc(args.nproc)
+    precision.check(args, default_two_stage=True)
     if args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got {args.repeats}")
-    precision.check(args)
     if args.global_batch is not None and args.global_batch < 1:
         raise InputError(f"--global-batch must be a positive integer, got {args.global_batch}")
     if args.global_batch is not None and args.batch_size is not None:
@@ -297,7 +300,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies)
     check_jobs(jobs)
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
-    print(describe(cfg, preset, jobs, args.repeats, args.global_batch), file=sys.stderr)
+    print(describe(cfg, preset, jobs, precision.design_words(args), args.global_batch), file=sys.stderr)
     return jobs, root, STRONG if args.global_batch else WEAK
 
 
@@ -322,19 +325,19 @@ def command(args: argparse.Namespace) -> int:
     except InputError as exc:
         errors.error(str(exc))
         return errors.EXIT_BAD_INPUT
-    return compare(jobs, args.repeats, root, scaling, started, args.precision, args.max_repeats, rerun_command())
+    return compare(jobs, args, root, scaling, started, rerun_command())
 
 
 def rerun_command() -> str:
-    """This command's line without --repeats, --run-id, --precision and --max-repeats, for the decision's
-    advice on how many repeats would settle it."""
+    """This command's line without --repeats and --run-id, for the decision's advice on how many repeats would
+    settle it: every option that shaped the decision (--margin, --precision, --max-repeats, ...) is kept."""
     argv = ["distbench", *sys.argv[1:]] if Path(sys.argv[0]).name in ("distbench", "cli.py") else []
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in ("--repeats", "--run-id", "--precision", "--max-repeats"):
+        elif arg in ("--repeats", "--run-id"):
             skip = True
-        elif not arg.startswith(("--repeats=", "--run-id=", "--precision=", "--max-repeats=")):
+        elif not arg.startswith(("--repeats=", "--run-id=")):
             kept.append(arg)
     return shlex.join(kept)

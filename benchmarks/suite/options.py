@@ -34,7 +34,8 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
     rest = {k: v for k, v in PRESET.items() if k != "workload"}
     cmp.description = (
         f"With no options: DDP (torchrun) vs Horovod under its Gloo and its MPI controller on {PRESET['workload']} "
-        f"(a small GPT), 2 ranks, 3 interleaved repeats, {DEFAULT_TIME} on 2 cores. Without --workload the run "
+        f"(a small GPT), 2 ranks, a pilot of 3 interleaved repeats and a second stage toward a decision within a "
+        f"budget, {DEFAULT_TIME} on 2 cores. Without --workload the run "
         f"options default to {_flags(rest)} and the "
         "transformer's own --lr and --batch-size; with --workload W they default to run's and W's own. "
         "compare prints the options in effect before it starts."
@@ -62,7 +63,14 @@ def add_variant_options(cmp: argparse.ArgumentParser, scaling: bool) -> None:
             "--accumulate), which must divide); not with --batch-size (default: weak scaling, a fixed per-rank "
             "batch)",
         )
-    cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats per variant (default: 3)")
+    cmp.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="interleaved repeats per variant: a fixed design of N runs each (with --precision: the pilot, at least "
+        f"3) (default: compare: a pilot of {precision.PILOT}, then a second stage toward a decision at --margin "
+        f"within a budget; tune: {precision.PILOT})",
+    )
     precision.add_arguments(cmp)
     cmp.add_argument(
         "--launcher",
@@ -108,7 +116,7 @@ def effective_config(args: argparse.Namespace) -> tuple[RunConfig, bool]:
     return workloads.resolve(cfg), preset
 
 
-def describe(cfg: RunConfig, preset: bool, jobs: list[Job], repeats: int, global_batch: int | None = None) -> str:
+def describe(cfg: RunConfig, preset: bool, jobs: list[Job], design: str, global_batch: int | None = None) -> str:
     """The start-up lines: what will run, with every option that matters spelt out (each variant's own
     backend options that differ from their defaults included)."""
     chosen = list(dict.fromkeys(j.variant for j in jobs))
@@ -139,7 +147,7 @@ def describe(cfg: RunConfig, preset: bool, jobs: list[Job], repeats: int, global
     others = config.to_argv(dataclasses.replace(cfg, **plain))
     knobs = {j.variant.name: j.knobs for j in jobs}
     return (
-        f"distbench compare: {names}; {ranks}, {repeats} repeat{'s' * (repeats != 1)} interleaved, "
+        f"distbench compare: {names}; {ranks}, {design}, "
         f"OMP_NUM_THREADS={omp}, CPU placement --bind {cfg.bind or 'none'} for every rank\n"
         f"  {cfg.workload} ({where}): --epochs {cfg.epochs}, {steps}, --warmup-steps {cfg.warmup_steps}, "
         f"{batch}, --lr {cfg.lr}, --train-size {train}, --val-size {val}"

@@ -1,86 +1,151 @@
-"""`compare --precision P --max-repeats N` (and tune's final stage): a two-stage compare.
+"""How many runs a comparison makes: a fixed design (`--repeats N`) or a two-stage one (a pilot, then as many
+runs of each variant as the pilot's spreads ask for), and the decision's margin (`--margin`).
 
 Imported by the parser of every `distbench` process: the analysis stack is imported only when used.
 
-The pilot (`--repeats`, at least 3, interleaved as always) measures the run-to-run spread; from that
-spread alone — never from a ratio, so the verdict cannot steer it — `analysis.decision.planned_repeats`
-says how many runs of each variant every ratio's 95 % interval needs to be within ±P of it; the missing
-rounds then run, interleaved, and the intervals use every run (the means) and the pilot's spread
-(Stein's procedure). Nothing is looked at between the two stages. `--max-repeats` caps the plan; the
-output then says the precision reached and what the target needed.
+The pilot (`--repeats`, at least 3, interleaved as always) measures each variant's run-to-run spread; from
+those spreads alone — never from a ratio, so the verdict cannot steer it — `analysis.decision.planned_repeats`
+says how many runs of each variant every ratio's 95 % interval needs to be within ±P of it (a noisy variant
+gets more runs than a quiet one); the missing rounds then run, interleaved, and the intervals use every run's
+mean and each variant's pilot spread (docs/fairness.md). Nothing is looked at between the two stages.
+
+The default compare (no --repeats, no --precision) is two-stage toward a decision at the margin M: its target
+half-width is √(1+M) − 1 (about M/2), the widest an interval can be and still always end `resolved` or
+`equivalent`, within a budget (at most DEFAULT_BUDGET_RUNS runs of each and DEFAULT_BUDGET_S seconds of
+second stage) that never depends on a ratio seen.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import files
 from benchmarks.errors import InputError
 
+PILOT = 3
+DEFAULT_MARGIN = 0.05
 DEFAULT_MAX_REPEATS = 30
+DEFAULT_BUDGET_RUNS = 8
+DEFAULT_BUDGET_S = 240.0
+"""The default compare's budget: on the default workload a round (a run of each of its three variants) takes
+about 45 s on 2 cores, so the budget buys up to 5 planned rounds, about 4 minutes (docs/benchmarks.md)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help="the smallest relative throughput difference worth a choice: a ratio whose whole 95%% interval lies "
+        f"within [1/(1+M), 1+M] is 'equivalent' (default: {DEFAULT_MARGIN})",
+    )
+    parser.add_argument(
         "--precision",
         type=float,
         default=None,
-        help="run a two-stage compare: after the --repeats pilot (at least 3), as many more interleaved rounds as "
-        "the pilot's spread says every throughput ratio's 95%% interval needs to be within ±P of it, e.g. 0.05; "
-        "also the half-width below which a ratio counts as equivalent to 1 (default: no second stage; 0.05 for "
-        "equivalence)",
+        help="run a two-stage compare: after the --repeats pilot (at least 3), as many more interleaved runs of each "
+        "variant as its pilot spread says every throughput ratio's 95%% interval needs to be within ±P of it, "
+        "e.g. 0.05 (default: compare: √(1+margin) − 1 within a budget unless --repeats is given; tune: none)",
     )
     parser.add_argument(
         "--max-repeats",
         type=int,
-        default=DEFAULT_MAX_REPEATS,
-        help=f"--precision: at most this many runs of each variant in all (default: {DEFAULT_MAX_REPEATS})",
+        default=None,
+        help=f"two-stage: at most this many runs of each variant in all (default: {DEFAULT_MAX_REPEATS} with "
+        f"--precision; {DEFAULT_BUDGET_RUNS} for compare's default design)",
     )
 
 
-def check(args: argparse.Namespace) -> None:
-    """Bad input before anything starts."""
+def target_for(margin: float) -> float:
+    """The half-width that always decides at `margin`: an interval at most this wide (on the log scale, half the
+    margin's) either excludes 1 or lies within [1/(1+M), 1+M]."""
+    return math.sqrt(1 + margin) - 1
+
+
+def check(args: argparse.Namespace, default_two_stage: bool = False) -> None:
+    """Bad input before anything starts; fills in the design: args.repeats (the pilot, or the fixed design's
+    repeats), args.precision (None: no second stage), args.max_repeats and args.budget_s (seconds, or None)."""
+    if not 0 < args.margin < 1:
+        raise InputError(f"--margin is a relative difference between 0 and 1, e.g. 0.05; got {args.margin}")
+    default = default_two_stage and args.repeats is None and args.precision is None
+    args.budget_s = DEFAULT_BUDGET_S if default else None
+    if default:
+        args.precision = target_for(args.margin)
+    if args.repeats is None:
+        args.repeats = PILOT
+    if args.max_repeats is None:
+        args.max_repeats = DEFAULT_BUDGET_RUNS if default else DEFAULT_MAX_REPEATS
     if args.precision is None:
         return
-    from benchmarks.analysis import stats  # scipy: only when --precision is given, never for the parser
-
     if not 0 < args.precision < 1:
         raise InputError(f"--precision is a relative half-width between 0 and 1, e.g. 0.05; got {args.precision}")
-    if args.repeats < stats.MIN_RUNS:
-        raise InputError(f"--precision needs a pilot of at least {stats.MIN_RUNS} --repeats, got {args.repeats}")
+    if args.repeats < PILOT:
+        raise InputError(f"--precision needs a pilot of at least {PILOT} --repeats, got {args.repeats}")
     if args.max_repeats < args.repeats:
         raise InputError(f"--max-repeats {args.max_repeats} is below the pilot's --repeats {args.repeats}")
 
 
+def design_words(args: argparse.Namespace) -> str:
+    """The start-up line's words for the design checked by `check`."""
+    if args.precision is None:
+        return f"{args.repeats} repeat{'s' * (args.repeats != 1)} interleaved"
+    budget = f" and {args.budget_s:.0f} s of second stage" if args.budget_s else ""
+    return (f"a pilot of {args.repeats} interleaved, then up to {args.max_repeats} runs of each{budget} toward "
+            f"±{args.precision:.1%} (margin ±{args.margin:.0%})")  # fmt: skip
+
+
+RunRounds = Callable[[int, int, set[str]], list[Any]]
+
+
 def second_stage(
-    root: Path,
-    pilot: int,
-    precision: float | None,
-    max_repeats: int,
-    run_rounds: Callable[[int, int], list[Any]],
-    interrupted: Callable[[], bool],
-) -> tuple[list[Any], dict[str, Any] | None]:
-    """After the pilot's rounds: plan from their spread, run rounds pilot..planned-1 with `run_rounds(first,
-    stop)`, write plan.json; the attempts of the second stage and the plan (None without --precision)."""
-    if precision is None or interrupted():
-        return [], None
+    root: Path, args: argparse.Namespace, run_rounds: RunRounds, interrupted: Callable[[], bool]
+) -> tuple[list[Any], dict[str, Any]]:
+    """After the pilot's rounds: plan from their spreads, run round r (pilot..) of the arms that still need one
+    with `run_rounds(r, r + 1, arms)` while the budget lasts, write plan.json; the attempts of the second stage
+    and the plan ({"margin": M} alone for a fixed design)."""
+    if args.precision is None:
+        return [], {"margin": args.margin}
+    if interrupted():
+        return [], {"margin": args.margin, "precision": args.precision, "interrupted": True}
     from benchmarks.analysis import decision, load, tables
 
-    per_run = tables.per_run_stats(load.load_runs(root))
-    needed = decision.planned_repeats(per_run, precision)
-    ran = max(pilot, min(needed, max_repeats))
-    capped = needed > max_repeats
-    cap = f", capped by --max-repeats {max_repeats}" if capped else ""
-    print(f"[compare] --precision {precision:g}: the pilot's spread asks for {needed} runs of each variant{cap}; "
-          f"running {ran - pilot} more interleaved round(s)", file=sys.stderr, flush=True)  # fmt: skip
-    attempts = run_rounds(pilot, ran) if ran > pilot else []
-    plan = {"precision": precision, "pilot": pilot, "needed": needed, "max_repeats": max_repeats,
-            "ran": ran, "capped": capped}  # fmt: skip
+    needed = decision.planned_repeats(tables.per_run_stats(load.load_runs(root)), args.precision)
+    target = {arm: min(n, args.max_repeats) for arm, n in needed.items()}
+    rounds = max([args.repeats, *target.values()])
+    asked = ", ".join(f"{arm} {n}" for arm, n in needed.items())
+    print(f"[compare] toward ±{args.precision:.1%}: the pilot's spreads ask for {asked} runs; at most "
+          f"{args.max_repeats} of each{f' and {args.budget_s:.0f} s' if args.budget_s else ''}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    attempts: list[Any] = []
+    started, stopped = time.monotonic(), ""
+    for r in range(args.repeats, rounds):
+        if interrupted():
+            break
+        if args.budget_s and time.monotonic() - started > args.budget_s:
+            stopped = f"the {args.budget_s:.0f} s budget ended the second stage after round {r}"
+            break
+        attempts += run_rounds(r, r + 1, {arm for arm, n in target.items() if n > r})
+    reached = _rounds_run(args.repeats, attempts)
+    ran = {arm: min(n, reached) for arm, n in target.items()}
+    plan: dict[str, Any] = {"margin": args.margin, "precision": args.precision, "pilot": args.repeats,
+                            "needed": needed, "ran": ran, "max_repeats": args.max_repeats, "budget_s": args.budget_s,
+                            "capped": any(n > args.max_repeats for n in needed.values()) or bool(stopped)}  # fmt: skip
+    if args.budget_s:
+        plan["budget"] = stopped or (f"within the default budget (at most {args.max_repeats} runs of each and "
+                                     f"{args.budget_s:.0f} s of second stage)")  # fmt: skip
     if interrupted():
         plan["interrupted"] = True
-    (root / decision.PLAN_JSON).write_text(json.dumps(plan, indent=2) + "\n")
+    files.write_text(root / decision.PLAN_JSON, json.dumps(plan, indent=2) + "\n")
     return attempts, plan
+
+
+def _rounds_run(pilot: int, attempts: list[Any]) -> int:
+    """Rounds reached: the pilot's, or one past the last second-stage round that started."""
+    return max([pilot, *(a.repeat + 1 for a in attempts)])

@@ -133,12 +133,12 @@ def command(args: argparse.Namespace) -> int:
         nproc = variants.parse_nproc(args.nproc)
         if len(nproc) != 1:
             raise InputError("tune runs one world size: give --nproc N (a scaling study is `compare --nproc 1,2,4`)")
+        precision.check(args)
         if min(args.repeats, args.tune_repeats, args.tune_steps) < 1:
             raise InputError("--repeats, --tune-repeats and --tune-steps must be positive integers")
         if cfg.eval_only:
             raise InputError("tune ranks knobs by training throughput and --eval-only trains nothing; time "
                              "evaluation with `distbench compare --eval-only`")  # fmt: skip
-        precision.check(args)
         grid = load_grid(args.grid)
         sweep_cfg = dataclasses.replace(
             cfg, epochs=1, steps_per_epoch=min(cfg.steps_per_epoch or 10**9, args.tune_steps)
@@ -183,13 +183,14 @@ def command(args: argparse.Namespace) -> int:
                     )
             final = compare.run_jobs(final_jobs, args.repeats, root / "final", supervisor, label="tune final")
             more, plan = precision.second_stage(
-                root / "final", args.repeats, args.precision, args.max_repeats,
-                lambda first, stop: compare.run_jobs(final_jobs, stop, root / "final", supervisor, "tune final", first),
+                root / "final", args,
+                lambda first, stop, arms: compare.run_jobs(final_jobs, stop, root / "final", supervisor, "tune final",
+                                                           first, arms),
                 lambda: supervisor.interrupted,
             )  # fmt: skip
             final += more
             if final:
-                print(finish(root, final, final_jobs, best, chosen, plan or {"precision": args.precision}))
+                print(finish(root, final, final_jobs, best, chosen, plan))
         print(f"time: {time.perf_counter() - started:.1f} s wall; {len(attempts)} sweep runs, {len(final)} final runs")
         print(root)
         if supervisor.interrupted:
@@ -235,22 +236,24 @@ def best_point(table: Any, variant: str, points: list[dict[str, Any]]) -> dict[s
 
 
 def keep_or_default(
-    tuned: list[float], default: list[float], point: dict[str, Any] | None
+    tuned: Any, default: Any, point: dict[str, Any] | None, pilot: int | None = None
 ) -> tuple[str, str, tuple[float, float, float]]:
-    """`best` or `default`, why, and the gain (best ÷ default throughput, Welch 95 % interval on logs) from the
-    final runs' samples/s. The best is kept only when the whole interval lies above 1: an interval that
-    includes 1 (within noise) or none at all (< 3 runs of each) keeps the default."""
-    from benchmarks.analysis import stats
+    """`best` or `default`, why, and the gain (best ÷ default throughput with the decision's 95 % interval,
+    `intervals.interval_of`: two-stage after a second stage from `pilot`, else Welch) from the final runs (rows
+    with run_id, samples_per_s and their timed steps). The best is kept only when the whole interval lies above
+    1: an interval that includes 1 (within noise) or none at all (< 3 runs of each) keeps the default."""
+    from benchmarks.analysis import intervals, stats
 
     nan = float("nan")
-    if not tuned:
+    if not len(tuned):
         return "default", "no knobs to tune" if point is None else "the default is the sweep's best", (1.0, nan, nan)
-    gain, lo, hi = stats.ratio_ci(tuned, default)
+    gain, lo, hi = intervals.interval_of(tuned, default, pilot)
     if not lo == lo:  # NaN: fewer than 3 runs of each
         return "default", f"{stats.no_interval_reason(min(len(tuned), len(default)))}: default kept", (gain, lo, hi)
+    d = stats.interval_digits(lo, hi)
     if lo > 1.0:
-        return "best", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) beyond noise", (gain, lo, hi)
-    return "default", f"gain {gain:.2f}× ({lo:.2f}–{hi:.2f}) within noise: default kept", (gain, lo, hi)
+        return "best", f"gain {gain:.{d}f}× ({lo:.{d}f}–{hi:.{d}f}) beyond noise", (gain, lo, hi)
+    return "default", f"gain {gain:.{d}f}× ({lo:.{d}f}–{hi:.{d}f}) within noise: default kept", (gain, lo, hi)
 
 
 def finish(
@@ -259,7 +262,7 @@ def finish(
     jobs: list[Job],
     best: dict,
     chosen: list[Variant],
-    plan: dict[str, Any] | None = None,
+    plan: dict[str, Any],
 ) -> str:
     """tuned.csv (default vs best per variant, the gain with its CI, what was kept and why), the report and
     decision of the final runs at the kept knobs (`plan`: the final stage's precision or two-stage plan);
@@ -276,7 +279,7 @@ def finish(
     rows, kept, knobs = [], [], {}
     for v in chosen:
         mine = full[(full.variant == v.name) & (full.status == "completed")]
-        default, tuned = mine[mine.setting == "default"].samples_per_s, mine[mine.setting == "best"].samples_per_s
+        default, tuned = mine[mine.setting == "default"], mine[mine.setting == "best"]
         point = best.get(v.name)
         planned = set(full[full.variant == v.name].setting)
         failed = sorted(s for s in planned if not (mine.setting == s).any())  # every run of that setting failed
@@ -285,22 +288,24 @@ def finish(
             keep = next(iter(planned - set(failed)), "none")
             why = f"every {' and '.join(failed)} run failed (see final/comparison.csv): {keep} kept, no gain measured"
         else:
-            keep, why, (gain, lo, hi) = keep_or_default(list(tuned), list(default), point)
+            keep, why, (gain, lo, hi) = keep_or_default(tuned, default, point, plan.get("pilot"))
         rows.append({"variant": v.name, "backend": v.backend, "best": describe_point(point or {}),
-                     "default_samples_per_s": stats.log_ci(default)[0], "tuned_samples_per_s": stats.log_ci(tuned)[0],
+                     "default_samples_per_s": stats.log_ci(default.samples_per_s)[0],
+                     "tuned_samples_per_s": stats.log_ci(tuned.samples_per_s)[0],
                      "gain": gain, "gain_low": lo, "gain_high": hi, "kept": keep, "why": why})  # fmt: skip
         kept += [str(root / "final" / r) for r in mine[mine.setting == keep].run_id]
         if keep == "best" and point:
             knobs[v.name] = point
     tuned_table = pd.DataFrame(rows)
     files.write_csv(tuned_table, root / TUNED_CSV, index=False)
-    text = "default vs tuned (gain: Welch 95% CI on log throughput; the best is kept only when the CI is above 1):\n"
+    how = "two-stage" if plan.get("pilot") else "Welch"
+    text = f"default vs tuned (gain: {how} 95% CI on log throughput; the best is kept only when the CI is above 1):\n"
     text += tuned_table[["variant", "best", "gain", "gain_low", "gain_high", "kept", "why"]].to_string(index=False)
     if kept:
         at_kept = load.load_runs(*kept, include_failed=True)
         per_run = tables.per_run_stats(at_kept)
         text += "\n\nat the kept knobs:\n" + terminal.format_table(
-            tables.backend_table(per_run), tables.loss_agreement(at_kept)
+            tables.backend_table(per_run, plan.get("pilot")), tables.loss_agreement(at_kept)
         )
         extra = {"Default vs tuned (distbench tune)": tuned_table}
         known = {"plan": plan, "knobs": knobs, "command": compare.rerun_command()}

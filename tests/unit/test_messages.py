@@ -69,7 +69,7 @@ def test_compare_header_says_a_custom_workload_brings_its_own_sizes() -> None:
     args = build_parser().parse_args(["compare", "--workload", "mymodule:factory", "--backends", "ddp"])
     cfg, preset = compare.effective_config(args)
     jobs = variants.jobs_for(cfg, variants.parse("ddp"), [2], None, {}, None)
-    header = compare.describe(cfg, preset, jobs, 3)
+    header = compare.describe(cfg, preset, jobs, "3 repeats interleaved")
     assert "--train-size the workload's own, --val-size the workload's own" in header
     assert "None" not in header and "the rest" not in header
 
