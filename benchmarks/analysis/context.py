@@ -67,11 +67,16 @@ def _counted(backend: str, status: pd.Series) -> str:
     return f"{backend} ×{len(status) - stopped}" + (f" and {stopped} interrupted" if stopped else "")
 
 
+def _by(runs: pd.DataFrame) -> str:
+    """The column a table's columns are: the variant (ddp@torchrun and ddp@mpirun are two), where recorded."""
+    return "variant" if "variant" in runs else "backend"
+
+
 def backend_facts(rs: RunSet) -> pd.DataFrame:
-    """Per backend: how it was launched, its threads and the versions it ran with."""
+    """Per variant: how it was launched, its threads and placement, and the versions it ran with."""
     runs = _all_runs(rs)
     columns = [c for c in BACKEND_FACTS if c in runs] + sorted(c for c in runs if c.startswith("version_"))
-    table = runs.groupby("backend", sort=False)[columns].agg(_values).T
+    table = runs.groupby(_by(runs), sort=False)[columns].agg(_values).T
     table.index = [BACKEND_FACTS.get(c, c.removeprefix("version_")) for c in table.index]
     return table.rename_axis("").reset_index()
 
@@ -84,16 +89,16 @@ def _option_name(column: str) -> str:
 
 def differing_options(rs: RunSet) -> pd.DataFrame:
     """Every knob (`knob_*`), run option (`config_*`) and recorded environment variable (`env_*`, run.json
-    `environment.variables`) whose value differs between the backends.
+    `environment.variables`) whose value differs between the variants (two of one backend included).
 
     A knob only one backend has (DDP's bucket size, Horovod's fusion threshold), or a variable set for one
-    backend's runs only, differs too: '—' marks the backend without it.
+    variant's runs only, differs too: '—' marks the variant without it.
     """
     runs = _all_runs(rs)
     columns = [c for c in runs if c.startswith(("knob_", "config_", "env_"))]
-    if runs.backend.nunique() < 2 or not columns:
+    if runs[_by(runs)].nunique() < 2 or not columns:
         return pd.DataFrame(columns=["option"])
-    table = runs.groupby("backend", sort=False)[columns].agg(_values).T
+    table = runs.groupby(_by(runs), sort=False)[columns].agg(_values).T
     table = table[table.nunique(axis=1) > 1]
     table.index = [_option_name(c) for c in table.index]
     return table.rename_axis("option").reset_index()
