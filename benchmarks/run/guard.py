@@ -70,6 +70,34 @@ def install_signal_watcher(on_signal: Callable[[str], None]) -> None:
     threading.Thread(target=watch, name="distbench-signals", daemon=True).start()
 
 
+RANK0_RECORD_WAIT_S = 5.0
+"""How long a rank other than 0, stopped by a signal, waits for rank 0's record before it exits: rank 0
+writes in milliseconds; more than the 5 s its bounded lock waits take at worst would only delay the stop."""
+
+
+def wait_for_record(run_json: Path, timeout: float = RANK0_RECORD_WAIT_S) -> None:
+    """Return once `run_json` no longer says `running`, its writer (rank 0, on this host) is gone, it cannot
+    be read (another host's directory), or `timeout` has passed.
+
+    A rank other than 0 calls this before it exits on a stop signal. Open MPI's mpirun (4.1) stops a job
+    with SIGCONT, SIGTERM and SIGKILL, each after a `sleep(odls_base_sigkill_timeout)` of 1 s; the first
+    rank to exit interrupts that sleep with a SIGCHLD, and `sleep` then returns the whole seconds left,
+    0, so the SIGKILL follows at once. A rank 1 that exits first on the SIGTERM would take rank 0 down
+    before its record is written, leaving run.json `running`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            meta = json.loads(run_json.read_text())
+        except (OSError, ValueError):
+            return
+        if meta.get("status") != "running":
+            return
+        pid = meta.get("pid")
+        if meta.get("host") == socket.gethostname() and pid and not pid_alive(int(pid)):
+            return
+        time.sleep(0.01)
+
+
 def install_sigterm_watcher(on_terminate: Callable[[], None]) -> None:
     """`install_signal_watcher` for a caller that says one thing whatever the signal."""
     install_signal_watcher(lambda why: on_terminate())
@@ -105,6 +133,11 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+ORPHAN_POLL_S = 0.1
+"""How often the watchdog looks (a getppid and a clock read). Under mpirun a rank that has initialised MPI
+(horovod@mpirun) is ended by Open MPI itself about 1 s after mpirun dies; the record must come first."""
+
+
 class Watchdog:
     """Ends the process when the main thread makes no progress for `timeout` seconds, or when the launcher
     that started it (`parent`, a pid) is gone.
@@ -133,7 +166,7 @@ class Watchdog:
         return self.parent is not None and os.getppid() != self.parent
 
     def _watch(self) -> None:
-        while not self.stopped.wait(min(1.0, self.timeout / 4 + 0.01)):
+        while not self.stopped.wait(min(ORPHAN_POLL_S, self.timeout / 4 + 0.01)):
             idle = time.monotonic() - self.last
             if self.orphaned():
                 self.on_expire(str(LauncherGone(self.parent)))

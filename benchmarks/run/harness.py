@@ -13,6 +13,7 @@ losses are buffered and gathered to rank 0 every `--flush-every` steps and at ep
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -295,13 +296,16 @@ def run(
         # The recorder's lock may be held elsewhere when a signal comes: its meta then lacks the error.
         message = f"run failed{rank}: {meta.get('error') or error}{where}"
         if backend.rank == 0 and said.acquire(blocking=False):
-            print(f"distbench: error: {message}", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):  # a launcher killed outright took the pipe with it
+                print(f"distbench: error: {message}", file=sys.stderr, flush=True)
         return message
 
     def stop_on_signal(why: str) -> None:
         fail(why)
         if recorder is not None:  # the process exits next: no row may be half-appended when it does
             recorder.lock.acquire(timeout=RECORD_WAIT_S)
+        elif run_dir is not None:  # exiting first would let mpirun SIGKILL rank 0 before it records
+            guard.wait_for_record(run_dir / results.RUN_JSON)
 
     guard.install_signal_watcher(stop_on_signal)
     # Under a launcher, the parent is the launcher: one killed outright cannot stop its ranks any more.
