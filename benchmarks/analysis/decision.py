@@ -54,6 +54,44 @@ def _memory(rows: pd.DataFrame) -> dict[str, list[float]]:
     return out
 
 
+BUDGET_MEASURES = ("cuda_max_allocated_mb", "peak_rss_mb")
+"""What --memory-limit-mb is held against, the first measured: CUDA's allocated peak on GPU, else peak RSS."""
+LEAN_MEASURES = ("cuda_max_allocated_mb", "training_rss_mb", "peak_rss_mb")
+"""The training memory per rank that names the leanest variant, the first measured."""
+
+
+def _largest(memory: dict[str, list[float]], measures: tuple[str, ...]) -> tuple[str, float] | None:
+    """The first of `measures` that was measured, with its largest rank's MB."""
+    return next(((m, memory[m][1]) for m in measures if m in memory), None)
+
+
+def _over_budget(memory: dict[str, dict[str, list[float]]], limit: float | None) -> list[dict[str, Any]]:
+    """The variants whose largest rank's peak is above `limit` MB: never picked."""
+    found = []
+    for variant, mine in memory.items():
+        peak = _largest(mine, BUDGET_MEASURES) if limit else None
+        if peak and peak[1] > limit:
+            found.append({"variant": variant, "measure": peak[0], "peak_mb": peak[1], "limit_mb": limit})
+    return found
+
+
+def _leanest(entry: dict[str, Any], memory: dict[str, dict[str, list[float]]]) -> dict[str, Any] | None:
+    """The variant of least training memory per rank when it is not the pick: its memory, its share of the pick's,
+    and its throughput ratio to the pick with the decision's interval."""
+    pick = entry["recommended"]["variant"]
+    sized = {a["variant"]: a for a in entry["alternatives"]}
+    mine = {v: _largest(memory[v], LEAN_MEASURES) for v in [pick, *sized]}
+    if mine[pick] is None:
+        return None
+    same = {v: m[1] for v, m in mine.items() if m is not None and m[0] == mine[pick][0]}
+    lean = min(same, key=same.__getitem__)
+    if lean == pick or same[lean] >= same[pick]:
+        return None
+    alt = sized[lean]
+    return {"variant": lean, "measure": mine[pick][0], "mb": same[lean], "pick_mb": same[pick],
+            "share": same[lean] / same[pick], "ratio": alt["ratio"], "ci": alt["ci"]}  # fmt: skip
+
+
 def _reason(breakdown: pd.DataFrame | None, alternative: str, pick: str, setup: dict[str, Any]) -> dict[str, Any]:
     """The resolved part of the step breakdown that differs most between `alternative` and `pick`."""
     if breakdown is None or not len(breakdown):
@@ -109,6 +147,7 @@ def _decide_setup(
     knobs: dict[str, dict[str, Any]],
     command: str,
     efficiency: dict[str, float],
+    memory_limit_mb: float | None = None,
 ) -> dict[str, Any]:
     ok = (
         group[group.status == "completed"]
@@ -121,6 +160,13 @@ def _decide_setup(
     entry: dict[str, Any] = {**{k: _plain(v) for k, v in setup.items()}, "decides": True, "alternatives": []}
     if not means:
         return {**entry, "status": "no-data", "recommended": None, "note": "no completed run"}
+    memory = {v: _memory(by_variant[v]) for v in means}
+    over = _over_budget(memory, memory_limit_mb)
+    entry["over_budget"] = over
+    means = {v: m for v, m in means.items() if v not in {o["variant"] for o in over}}
+    if not means:
+        note = f"every variant's peak memory per rank is above --memory-limit-mb {memory_limit_mb:g}"
+        return {**entry, "status": "over-budget", "recommended": None, "note": note}
     pick = max(means, key=means.__getitem__)
     mean, lo, hi = stats.log_ci(by_variant[pick].samples_per_s)
     entry["recommended"] = {
@@ -134,7 +180,7 @@ def _decide_setup(
         "efficiency": efficiency.get(pick),
     }
     for variant, rows in by_variant.items():
-        if variant == pick:
+        if variant == pick or variant not in means:
             continue
         ratio, rlo, rhi = intervals.interval_of(rows, by_variant[pick], pilot)
         status = status_of(rlo, rhi, margin)
@@ -157,6 +203,7 @@ def _decide_setup(
             if needed:
                 alt["command"] = _command(command, setup, list(by_variant), needed)
         entry["alternatives"].append(alt)
+    entry["leanest"] = _leanest(entry, memory)
     statuses = {a["status"] for a in entry["alternatives"]}
     entry["status"] = (
         "unresolved"
@@ -233,11 +280,13 @@ def decide(
     plan: dict[str, Any] | None = None,
     knobs: dict[str, dict[str, Any]] | None = None,
     command: str = "",
+    memory_limit_mb: float | None = None,
 ) -> dict[str, Any]:
     """decision.json's content from `tables.per_run_stats` rows, `why.per_run`'s breakdown per run and the
     scaling table. `plan`: {"margin": M} for a fixed design, or a two-stage compare's plan.json (its
     intervals are then two-stage, from the pilot's spreads). `knobs`: tune's kept knobs per variant;
-    `command`: the command line to rerun with more repeats."""
+    `command`: the command line to rerun with more repeats; `memory_limit_mb`: no variant whose peak memory per
+    rank (CUDA allocated on GPU, RSS on CPU) is above it is picked."""
     plan = plan or {}
     margin = plan.get("margin") or DEFAULT_MARGIN
     pilot = plan.get("pilot")
@@ -247,6 +296,7 @@ def decide(
         "precision": plan.get("precision"),
         "confidence": 0.95,
         "interval": TWO_STAGE if pilot else WELCH,
+        "memory_limit_mb": memory_limit_mb,
         "plan": plan or None,
         "setups": [],
     }
@@ -265,116 +315,9 @@ def decide(
             here = scale[(scale.workload == setup["workload"]) & (scale.world_size == setup["world_size"])]
             efficiency = {str(r.variant): _number(r.efficiency) for r in here.itertuples()}
         decision["setups"].append(
-            _decide_setup(setup, group, breakdown, margin, pilot, knobs or {}, command, efficiency)
+            _decide_setup(setup, group, breakdown, margin, pilot, knobs or {}, command, efficiency, memory_limit_mb)
         )
     return decision
-
-
-def _ratio_words(alt: dict[str, Any], margin: float) -> str:
-    lo, hi = alt["ci"]
-    if not (lo is not None and np.isfinite(lo)):
-        return f"{alt['variant']} {alt['ratio']:.2f}× (no interval from {alt['runs']} runs)"
-    digits = stats.interval_digits(lo, hi, margin)
-    return f"{alt['variant']} {alt['ratio']:.{digits}f}× ({lo:.{digits}f}–{hi:.{digits}f})"
-
-
-def _memory_words(memory: dict[str, list[float]]) -> str:
-    def mb(low: float, high: float) -> str:
-        return f"{low:.0f} MB" if round(low) == round(high) else f"{low:.0f}–{high:.0f} MB"
-
-    return ", ".join(f"{MEMORY[k]} {mb(*v)}" for k, v in memory.items())
-
-
-def _head(setup: dict[str, Any], margin: float) -> str:
-    """The setup's one sentence: the pick (resolved), the equivalence (equivalent), or who is ahead (unresolved)."""
-    rec, alts = setup["recommended"], setup["alternatives"]
-    knobs = " with " + " ".join(f"{k}={v}" for k, v in rec["knobs"].items()) if rec["knobs"] else ""
-    eff = f", scaling efficiency {rec['efficiency']:.2f}" if rec.get("efficiency") is not None else ""
-    mem = f"; {_memory_words(rec['memory_mb'])} per rank" if rec["memory_mb"] else ""
-    by_status = {s: [a for a in alts if a["status"] == s] for s in ("resolved", "equivalent", "unresolved")}
-    if setup["status"] == "equivalent":
-        names = ", ".join([rec["variant"], *(a["variant"] for a in alts)])
-        head = f"{names} equally fast within ±{margin:.0%}, choose on other grounds; {rec['variant']}{knobs}{eff}{mem}"
-    elif setup["status"] == "unresolved":
-        head = f"{rec['variant']}{knobs} ahead on these runs, not resolved{eff}{mem}"
-    else:
-        head = f"pick {rec['variant']}{knobs}{eff}{mem}"
-    parts = []
-    if by_status["resolved"]:
-        parts.append("faster than " + ", ".join(_ratio_words(a, margin) for a in by_status["resolved"]))
-    if by_status["equivalent"]:
-        parts.append(f"equivalent within ±{margin:.0%} to " + ", ".join(_ratio_words(a, margin)
-                                                                        for a in by_status["equivalent"]))  # fmt: skip
-    if by_status["unresolved"]:
-        parts.append("not resolved against " + ", ".join(_ratio_words(a, margin) for a in by_status["unresolved"]))
-    return head + (" — " + "; ".join(parts) + " (throughput ratio to it, 95 % CI)" if parts else " (the only one)")
-
-
-def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per setup: its status, the decision in one sentence, and a line per other variant worth a word."""
-    found = []
-    margin = decision.get("margin") or decision.get("precision") or DEFAULT_MARGIN  # schema 1 had no margin
-    for setup in decision["setups"]:
-        where = f"{setup['workload']}, global batch {setup['global_batch']}, {setup['world_size']} ranks"
-        if not setup["decides"] or setup.get("recommended") is None:
-            found.append({"status": "none", "head": f"{where}: no decision — {setup.get('note', setup['status'])}",
-                          "details": []})  # fmt: skip
-            continue
-        details = []
-        for alt in setup["alternatives"]:
-            extra = []
-            if alt.get("efficiency") is not None:
-                extra.append(f"scaling efficiency {alt['efficiency']:.2f}")
-            if alt["memory_mb"]:
-                extra.append(f"{_memory_words(alt['memory_mb'])} per rank")
-            tail = f"; {', '.join(extra)}" if extra else ""
-            if alt["status"] == "resolved" and alt.get("reason"):
-                details.append(f"why {alt['variant']} is slower: {alt['reason']['text']}{tail}")
-            elif alt["status"] == "unresolved" and alt.get("repeats_to_resolve_estimate"):
-                details.append(
-                    f"to settle {alt['variant']}: an estimate — {alt['repeats_to_resolve_estimate']} runs of each give "
-                    f"an {intervals.POWER:.0%} chance of resolving a true difference of {abs(1 - alt['ratio']):.1%} "
-                    f"(the one observed) at the measured spreads: {alt['command']}{tail}"
-                )
-            elif alt["status"] == "unresolved":
-                details.append(f"to settle {alt['variant']}: run at least {stats.MIN_RUNS} repeats of each{tail}")
-            elif extra:
-                details.append(f"{alt['variant']}: {', '.join(extra)}")
-        found.append({"status": setup["status"], "head": f"{where}: {_head(setup, margin)}", "details": details})
-    return found
-
-
-def precision_words(decision: dict[str, Any]) -> str:
-    """After a second stage: the precision every ratio reached, the runs that completed of each variant, and
-    what the plan would have needed where the cap or the budget stopped it."""
-    plan = decision.get("plan") or {}
-    if not plan.get("pilot"):
-        return ""
-    widths = [a["half_width"] for s in decision["setups"] for a in s.get("alternatives", [])]
-    widths = [w for w in widths if w is not None and np.isfinite(w)]
-    reached = f"±{max(widths):.1%}" if widths else "no interval"
-    runs = {s["recommended"]["variant"]: s["recommended"]["runs"] for s in decision["setups"] if s.get("recommended")}
-    runs.update({a["variant"]: a["runs"] for s in decision["setups"] for a in s.get("alternatives", [])})
-    counted = ", ".join(f"{v} {n}" for v, n in runs.items())
-    text = (f"Precision: every ratio's 95 % interval within {reached} of it (target ±{plan['precision']:.1%}); "
-            f"completed runs after a pilot of {plan['pilot']}: {counted}")  # fmt: skip
-    if plan.get("budget"):
-        text += f"; {plan['budget']}"
-    short = {a: n for a, n in (plan.get("needed") or {}).items() if n > (plan.get("ran") or {}).get(a, n)}
-    if short:
-        text += "; the target needed " + ", ".join(f"{a} {n}" for a, n in short.items()) + " runs"
-    return text
-
-
-def words(decision: dict[str, Any]) -> list[str]:
-    """The decision in plain words: a line per setup, then an indented line per other variant's next step."""
-    lines = []
-    for p in paragraphs(decision):
-        lines.append(f"Decision ({p['status']}): {p['head']}")
-        lines += [f"  {line}" for line in p["details"]]
-    if precision_words(decision):
-        lines.append(precision_words(decision))
-    return lines
 
 
 def write(out: Path, decision: dict[str, Any]) -> Path:

@@ -18,7 +18,18 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import files
-from benchmarks.analysis import collectives, context, decision, evaluation, figures, load, tables, terminal, why
+from benchmarks.analysis import (
+    collectives,
+    context,
+    decision,
+    decision_words,
+    evaluation,
+    figures,
+    load,
+    tables,
+    terminal,
+    why,
+)
 from benchmarks.analysis.load import RunSet
 
 __all__ = ["RunSet", "write"]
@@ -60,7 +71,8 @@ def write(
     """Write decision.json, PNGs and report.md/report.html into `out`; return the decision in words and the
     summary tables. `extra` adds tables of the caller's own at the end (tune's default vs tuned); `known`
     is what the caller knows of the decision: "plan" (compare's precision or two-stage plan; else a
-    plan.json among `paths`), "knobs" (tune's kept knobs per variant), "command" (the command to rerun).
+    plan.json among `paths`), "knobs" (tune's kept knobs per variant), "command" (the command to rerun),
+    "memory_limit_mb" (compare's --memory-limit-mb).
     Paths holding only `distbench allreduce` runs give a report of those alone."""
     if not any(not load.is_allreduce_dir(d) for d in load.find_run_dirs(*paths)):
         allreduce = collectives.report_section(paths, out)
@@ -103,7 +115,8 @@ def write(
     images.append(evaluation.scaling_figure(validated, out / "eval_scaling.png"))
     breakdown = why.per_run(rs)
     explained = why.section(rs, per_run, paths, out, breakdown)
-    decided = decision.decide(per_run, breakdown, scale, plan, given.get("knobs"), given.get("command", ""))
+    decided = decision.decide(per_run, breakdown, scale, plan, given.get("knobs"), given.get("command", ""),
+                              given.get("memory_limit_mb"))  # fmt: skip
     decision.write(out, decided)
     sections = {
         "Per backend": table,
@@ -132,7 +145,7 @@ def write(
         tables=sections,
     )
     _write_files(page, out, formats)
-    said = [*decision.words(decided), "", page.headline, summary]
+    said = [*decision_words.words(decided), "", page.headline, summary]
     if explained.sentences:
         said += ["", "Why:", *(f"- {line}" for line in explained.sentences)]
     return "\n".join(said)
@@ -148,7 +161,7 @@ def _evaluation_page(per_run: pd.DataFrame, validated: pd.DataFrame, out: Path, 
     decision.write(out, decided)
     page = Page(decision=decided, summary=text, images=[image] if image else [], tables=sections)
     _write_files(page, out, formats)
-    return "\n".join([*decision.words(decided), "", text])
+    return "\n".join([*decision_words.words(decided), "", text])
 
 
 def _cell(column: str, value: Any) -> dict[str, Any]:
@@ -176,7 +189,7 @@ def _html_table(title: str, frame: pd.DataFrame) -> dict[str, Any]:
 def _write_files(page: Page, out: Path, formats: set[str]) -> None:
     """report.md and/or report.html from the templates, in the page's order."""
     out.mkdir(parents=True, exist_ok=True)
-    decisions = decision.paragraphs(page.decision) if page.decision else []
+    decisions = decision_words.paragraphs(page.decision) if page.decision else []
     for d in decisions:
         d["status_class"] = d["status"] if d["status"] in ("unresolved", "none") else "resolved"
     common = {"headline": page.headline, "decisions": decisions, "why": page.why, "summary": page.summary}

@@ -160,7 +160,7 @@ def compare(
         t0 = time.perf_counter()
         phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
         table = write_comparison(root, attempts, jobs, scaling, plan.get("pilot"))
-        write_report(root, table, {"plan": plan, "command": command})
+        write_report(root, table, {"plan": plan, "command": command, "memory_limit_mb": design.memory_limit_mb})
         phases["table and report"] = time.perf_counter() - t0
         print(time_line(attempts, phases, time.perf_counter() - started))
         print(root)

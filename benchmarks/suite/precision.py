@@ -47,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"within [1/(1+M), 1+M] is 'equivalent' (default: {DEFAULT_MARGIN})",
     )
     parser.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=None,
+        help="a memory budget per rank (CUDA allocated on GPU, peak RSS on CPU): a variant whose peak is above it is "
+        "never picked, and the decision says so (default: none; the decision names the leanest variant's trade)",
+    )
+    parser.add_argument(
         "--precision",
         type=float,
         default=None,
@@ -72,6 +79,8 @@ def target_for(margin: float) -> float:
 def check(args: argparse.Namespace, default_two_stage: bool = False) -> None:
     """Bad input before anything starts; fills in the design: args.repeats (the pilot, or the fixed design's
     repeats), args.precision (None: no second stage), args.max_repeats and args.budget_s (seconds, or None)."""
+    if args.memory_limit_mb is not None and args.memory_limit_mb <= 0:
+        raise InputError(f"--memory-limit-mb is a positive number of MB per rank; got {args.memory_limit_mb:g}")
     if not 0 < args.margin < 1:
         raise InputError(f"--margin is a relative difference between 0 and 1, e.g. 0.05; got {args.margin}")
     default = default_two_stage and args.repeats is None and args.precision is None

@@ -190,7 +190,7 @@ def command(args: argparse.Namespace) -> int:
             )  # fmt: skip
             final += more
             if final:
-                print(finish(root, final, final_jobs, best, chosen, plan))
+                print(finish(root, final, final_jobs, best, chosen, plan, args.memory_limit_mb))
         print(f"time: {time.perf_counter() - started:.1f} s wall; {len(attempts)} sweep runs, {len(final)} final runs")
         print(root)
         if supervisor.interrupted:
@@ -263,6 +263,7 @@ def finish(
     best: dict,
     chosen: list[Variant],
     plan: dict[str, Any],
+    memory_limit_mb: float | None = None,
 ) -> str:
     """tuned.csv (default vs best per variant, the gain with its CI, what was kept and why), the report and
     decision of the final runs at the kept knobs (`plan`: the final stage's precision or two-stage plan);
@@ -308,7 +309,7 @@ def finish(
             tables.backend_table(per_run, plan.get("pilot")), tables.loss_agreement(at_kept)
         )
         extra = {"Default vs tuned (distbench tune)": tuned_table}
-        known = {"plan": plan, "knobs": knobs, "command": compare.rerun_command()}
+        known = {"plan": plan, "knobs": knobs, "command": compare.rerun_command(), "memory_limit_mb": memory_limit_mb}
         said, _ = compare.report_and_decision(kept, root, known, extra)
         text = f"{said}\n\n{text}" if said else text
         text += f"\nreport: {root / 'report' / 'report.html'}"
