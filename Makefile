@@ -3,10 +3,12 @@
 #   make test    the whole test suite (tests/unit, then tests/integration with real launchers)
 #   make test-fast  the in-process unit tests (under a minute)
 #   make lint    ruff and the import layering (lint-imports)
+#   make stress  the tests of signals, launchers and timeouts, STRESS_N times each in a row (default 10);
+#                one failure in them is a race: fix it, never retry it
 #   make notebook  results/compare.ipynb executed headless from here; the executed copy goes to NOTEBOOK_OUT
 #   make gpu-bundle  here: what a GPU machine without a registry needs (gpu-bundle/); make gpu-check there
 # Override: make test TORCH_SPEC='torch==2.14.1'; make test VENV=/path/to/env TORCH_SPEC= (keep its torch);
-#           make test PYTEST_ARGS='-k launch -x'.
+#           make test PYTEST_ARGS='-k launch -x'; make stress STRESS_N=20 STRESS_TESTS=tests/integration/test_interrupts.py.
 
 PYTHON3    ?= python3
 VENV       ?= .venv
@@ -16,7 +18,7 @@ PY         := $(VENV)/bin/python
 # The stamp's name carries TORCH_SPEC, so a different spec re-runs the install.
 STAMP      := $(VENV)/.distbench-deps-$(shell echo '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
 
-.PHONY: setup horovod demo test test-fast lint clean
+.PHONY: setup horovod demo test test-fast stress lint clean
 
 $(PY):
 	$(PYTHON3) -m venv $(VENV)
@@ -44,6 +46,16 @@ test: setup
 # In-process tests only: run them after every change.
 test-fast: setup
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+# Each test STRESS_N times in a row (pytest-repeat's --count); the last line counts what passed and failed.
+STRESS_N     ?= 10
+STRESS_TESTS ?= tests/unit/test_guard.py tests/unit/test_jobs.py tests/integration/test_interrupts.py \
+                tests/integration/test_reliability.py::test_fault_ends_the_job_and_leaves_whole_failed_results \
+                tests/integration/test_reliability.py::test_a_killed_rank_is_not_blamed_on_rank_0 \
+                tests/integration/test_reliability.py::test_compare_marks_a_run_whose_rank_0_was_killed
+
+stress: setup
+	$(VENV)/bin/pytest --count $(STRESS_N) $(STRESS_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
