@@ -58,6 +58,8 @@ BUDGET_MEASURES = ("cuda_max_allocated_mb", "peak_rss_mb")
 """What --memory-limit-mb is held against, the first measured: CUDA's allocated peak on GPU, else peak RSS."""
 LEAN_MEASURES = ("cuda_max_allocated_mb", "training_rss_mb", "peak_rss_mb")
 """The training memory per rank that names the leanest variant, the first measured."""
+LEAN_BY = 0.1
+"""The leanest variant is named only when the pick needs at least this much more memory (10 %)."""
 
 
 def _largest(memory: dict[str, list[float]], measures: tuple[str, ...]) -> tuple[str, float] | None:
@@ -76,8 +78,8 @@ def _over_budget(memory: dict[str, dict[str, list[float]]], limit: float | None)
 
 
 def _leanest(entry: dict[str, Any], memory: dict[str, dict[str, list[float]]]) -> dict[str, Any] | None:
-    """The variant of least training memory per rank when it is not the pick: its memory, its share of the pick's,
-    and its throughput ratio to the pick with the decision's interval."""
+    """The variant of least training memory per rank when it is not the pick and the pick needs LEAN_BY more: its
+    memory, its share of the pick's, and its throughput ratio to the pick with the decision's interval."""
     pick = entry["recommended"]["variant"]
     sized = {a["variant"]: a for a in entry["alternatives"]}
     mine = {v: _largest(memory[v], LEAN_MEASURES) for v in [pick, *sized]}
@@ -85,7 +87,7 @@ def _leanest(entry: dict[str, Any], memory: dict[str, dict[str, list[float]]]) -
         return None
     same = {v: m[1] for v, m in mine.items() if m is not None and m[0] == mine[pick][0]}
     lean = min(same, key=same.__getitem__)
-    if lean == pick or same[lean] >= same[pick]:
+    if lean == pick or same[lean] * (1 + LEAN_BY) > same[pick]:  # a few MB either way is not a trade
         return None
     alt = sized[lean]
     return {"variant": lean, "measure": mine[pick][0], "mb": same[lean], "pick_mb": same[pick],
