@@ -70,9 +70,10 @@ def install_signal_watcher(on_signal: Callable[[str], None]) -> None:
     threading.Thread(target=watch, name="distbench-signals", daemon=True).start()
 
 
-RANK0_RECORD_WAIT_S = 5.0
-"""How long a rank other than 0, stopped by a signal, waits for rank 0's record before it exits: rank 0
-writes in milliseconds; more than the 5 s its bounded lock waits take at worst would only delay the stop."""
+RANK0_RECORD_WAIT_S = 2.0
+"""How long a rank other than 0, stopped by a signal, waits for rank 0's record before it exits. Rank 0
+writes in milliseconds, and the wait matters only under mpirun, which SIGKILLs everyone 1 s after its
+SIGTERM anyway; a rank signalled alone (the job is not stopping) delays the job's end by this much."""
 
 
 def wait_for_record(run_json: Path, timeout: float = RANK0_RECORD_WAIT_S) -> None:
