@@ -72,6 +72,9 @@ def share(cpus: list[int], local_rank: int, local_world_size: int) -> list[int]:
 
 
 def affinity() -> list[int]:
+    """This thread's cores (every core where the system has no affinity call: not Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return list(range(os.cpu_count() or 1))
     return sorted(os.sched_getaffinity(0))
 
 
@@ -81,7 +84,7 @@ def apply(policy: str | None, local_rank: int, local_world_size: int) -> None:
     Every thread already running is set too (a workload's check may have started the OpenMP pool); threads
     started later inherit the main thread's affinity. The kernel keeps a mask inside the cgroup's cpuset.
     """
-    if policy is None:
+    if policy is None or not hasattr(os, "sched_setaffinity"):
         return
     cpus = available()
     target = cpus if policy == NONE else share(cpus, local_rank, local_world_size)
