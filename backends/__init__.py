@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from backends.base import Backend
 
 _MODULES = {"ddp": "backends.ddp:DDPBackend", "horovod": "backends.horovod:HorovodBackend",
-            "single": "backends.single:SingleBackend"}  # fmt: skip
+            "fsdp": "backends.fsdp:FSDPBackend", "single": "backends.single:SingleBackend"}  # fmt: skip
 NAMES = tuple(_MODULES)
 ONE_PROCESS = frozenset({"single"})
 """Backends that always run as one process, whatever --nproc or launcher the others get."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -36,6 +37,12 @@ class Backend(ABC, Generic[Options]):
         """Raise InputError, naming the fix, when the framework is not installed."""
         return None
 
+    @classmethod
+    def check_model(cls, build_model: Callable[[], nn.Module], options: Options) -> None:
+        """Raise InputError when this backend's options cannot apply to the workload's model; called before
+        any process group, so bad input never leaves a run directory. Most backends take any model."""
+        return None
+
     # --- lifetime ------------------------------------------------------------------------------
     @abstractmethod
     def init(self) -> None:
@@ -58,9 +65,19 @@ class Backend(ABC, Generic[Options]):
         return self.launch.world_size
 
     # --- model and optimizer ---------------------------------------------------------------------
+    def shard(self, model: nn.Module) -> nn.Module:
+        """Called before the optimizer is built, so that a backend that shards the parameters (FSDP2) has the
+        optimizer built on its shards; the others return the model as it is."""
+        return model
+
     @abstractmethod
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         """Wrap model and optimizer; all ranks start from rank 0's weights and optimizer state."""
+
+    def full_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
+        """A plain copy of the (unwrapped) model with its present weights, which steps without the backend: the
+        compute baseline. A sharded model is gathered first, so this may communicate (never in a timed step)."""
+        return copy.deepcopy(model)
 
     @contextlib.contextmanager
     def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:

@@ -101,8 +101,16 @@ class RunConfig:
     )
     eval_repeats: int = _opt(5, "with --eval-only: timed validation passes over the validation set")
     flush_every: int = _opt(100, "gather per-rank rows to rank 0 every N steps (off the timed path)")
-    accumulate: int = _opt(1, "micro-batches per optimizer step: DDP no_sync, Horovod backward_passes_per_step")
-    fp16_allreduce: bool = _opt(False, "fp16 gradient compression: DDP fp16_compress_hook, Horovod Compression.fp16")
+    accumulate: int = _opt(
+        1,
+        "micro-batches per optimizer step: DDP no_sync, Horovod backward_passes_per_step, FSDP2 "
+        "set_requires_gradient_sync(False) on all but the last",
+    )
+    fp16_allreduce: bool = _opt(
+        False,
+        "fp16 gradient compression: DDP fp16_compress_hook, Horovod Compression.fp16, FSDP2 MixedPrecisionPolicy "
+        "reduce_dtype float16",
+    )
     timeout: float = _opt(300.0, "seconds a rank may wait in start-up or a collective before failing")
     quiet: bool = _opt(False, "no progress bar (the bar is on rank 0 only)")
     overwrite: bool = _opt(False, "replace an existing run directory of the same --run-id")
@@ -137,6 +145,44 @@ class HorovodConfig:
         1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME, whose exported value is taken likewise)", above=0
     )
     hvd_op: str = _opt("average", "Horovod reduction op: average or adasum", choices=("average", "adasum"))
+
+
+FSDP_UNITS = ("auto", "blocks", "leaves", "root")
+"""`--fsdp-units`' policies; backends.fsdp.units_of says which modules each makes FSDP units."""
+
+
+@dataclass
+class FSDPConfig:
+    """Knobs of FSDP2, torch.distributed.fsdp.fully_shard (defaults are FSDP2's where it has one)."""
+
+    fsdp_units: str = _opt(
+        "auto",
+        "which modules become FSDP units, each gathered and reduce-scattered as one: blocks (every child with "
+        "parameters of an nn.ModuleList or nn.Sequential: layers, stages), leaves (every module without children "
+        "holding at least --fsdp-min-params parameters), root (the whole model as one unit), auto (blocks where "
+        "the model has any, else leaves); the root is always the last unit; a module sharing a parameter with "
+        "another is left to the root; run.json knobs lists the units",
+        choices=FSDP_UNITS,
+    )
+    fsdp_min_params: int = _opt(
+        100_000,
+        "with --fsdp-units leaves or auto: the fewest parameters a leaf module needs to be its own unit",
+        above=0,
+    )
+    reshard_after_forward: bool = _opt(
+        True,
+        "free each unit's gathered parameters after forward and gather them again in backward (FSDP2's default; "
+        "the root unit keeps its own, as FSDP2 does); off: keep every unit's until backward, one all-gather less "
+        "per unit for more memory",
+    )
+
+    def check(self) -> None:
+        """Refuse a knob that would have no effect under the chosen policy."""
+        if self.fsdp_min_params != FSDPConfig.fsdp_min_params and self.fsdp_units in ("blocks", "root"):
+            raise InputError(
+                f"--fsdp-min-params applies only with --fsdp-units leaves or auto, not {self.fsdp_units}; "
+                "leave it out or choose leaves"
+            )
 
 
 ALLREDUCE_IMPLS = ("torch", "horovod", "mpi4py")
@@ -232,7 +278,7 @@ def no_timed_steps(cfg: RunConfig, steps_per_epoch: int) -> InputError:
     )
 
 
-SECTIONS: tuple[type, ...] = (RunConfig, DDPConfig, HorovodConfig)
+SECTIONS: tuple[type, ...] = (RunConfig, DDPConfig, HorovodConfig, FSDPConfig)
 T = TypeVar("T")
 
 
@@ -283,6 +329,8 @@ def check_values(section_obj: Any) -> None:
             raise InputError(f"{flag_of(f)} must be greater than {meta['above']}, got {value}")
         if "at_least" in meta and not value >= meta["at_least"]:
             raise InputError(f"{flag_of(f)} must be at least {meta['at_least']}, got {value}")
+    if hasattr(section_obj, "check"):  # a rule between a section's own fields
+        section_obj.check()
 
 
 GIVEN = "_options_given"
@@ -376,7 +424,8 @@ def _option_rows(section: type) -> list[str]:
 
 def option_table() -> str:
     """The manual's `distbench run` option table, generated from the dataclasses (a test keeps them equal)."""
-    rows = ["| option | default | meaning |", "|---|---|---|", "| `--backend` | — | `ddp`, `horovod` or `single` |"]
+    backend = "| `--backend` | — | `ddp`, `horovod`, `fsdp` or `single` |"
+    rows = ["| option | default | meaning |", "|---|---|---|", backend]
     for section in SECTIONS:
         if section is not RunConfig:
             doc = " ".join((section.__doc__ or "").split())

@@ -35,6 +35,8 @@ class Variant:
 KNOWN = (
     Variant("ddp@torchrun", "ddp", launch.TORCHRUN),
     Variant("ddp@mpirun", "ddp", launch.MPIRUN),
+    Variant("fsdp@torchrun", "fsdp", launch.TORCHRUN),
+    Variant("fsdp@mpirun", "fsdp", launch.MPIRUN),
     Variant("horovod@gloo", "horovod", launch.HOROVODRUN, "gloo"),
     Variant("horovod@mpi", "horovod", launch.HOROVODRUN, "mpi"),
     Variant("horovod@mpirun", "horovod", launch.MPIRUN, "mpi"),

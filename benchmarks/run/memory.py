@@ -13,6 +13,10 @@ the maximum since the process started, which may then be a peak from before the 
 
 On CUDA, `torch.cuda.max_memory_allocated` (tensors) and `max_memory_reserved` (the caching allocator's
 pool, what the device actually gave up) from a reset when the meter starts.
+
+Beside the peaks, what the training state takes, counted tensor by tensor (`held_bytes`): the bytes of the
+parameters, gradients and optimizer state this rank holds (its shards under FSDP2: a DTensor's local part)
+and their full sizes. On CPU, where RSS hides a sharding under everything else resident, these show it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from benchmarks.run.recorder import PEAK_FROM_MODEL_BUILD, PEAK_FROM_PROCESS_START
 
@@ -62,6 +67,42 @@ def reset_peak_rss() -> bool:
     return _status_mib("VmHWM") is not None
 
 
+HELD_FIELDS = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+"""run.json `memory.per_rank`'s bytes held by this rank; each has its `_full` twin, the model's whole size."""
+
+
+def _local_and_full(tensor: torch.Tensor) -> tuple[int, int]:
+    # A DTensor's numel() is the whole tensor's; to_local() is this rank's shard, as stored (padding left out).
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size(), tensor.numel() * tensor.element_size()
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
+    """Bytes of the training state this rank holds and their full sizes, counted from the tensors themselves.
+
+    Gradients: those of the trainable parameters as they stand after a step's backward (the parameters'
+    layout: a shard under FSDP2, whole under DDP and Horovod), counted from the parameters since the step
+    frees them (zero_grad) before this is read. DDP's gradient buckets and Horovod's fusion buffer are the
+    backends' own and not counted here (peak RSS and CUDA peak hold them). Optimizer state: every tensor in
+    `optimizer.state` (momentum; AdamW's moments and step count)."""
+    counts = dict.fromkeys([*HELD_FIELDS, *(f"{f}_full" for f in HELD_FIELDS)], 0)
+
+    def add(field: str, tensor: torch.Tensor) -> None:
+        local, full = _local_and_full(tensor)
+        counts[field] += local
+        counts[f"{field}_full"] += full
+
+    for param in model.parameters():
+        add("param_bytes", param)
+        if param.requires_grad:
+            add("grad_bytes", param)
+    for state in optimizer.state.values() if optimizer is not None else ():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                add("optimizer_state_bytes", value)
+    return counts
+
+
 class Meter:
     """One rank's memory over training: start it just before the model is built, `read()` after training."""
 
@@ -69,6 +110,7 @@ class Meter:
         self.device = device
         self.peak_rss_from = PEAK_FROM_MODEL_BUILD if reset and reset_peak_rss() else PEAK_FROM_PROCESS_START
         self.rss_before_model_mb = rss_mib()
+        self.tracked: tuple[nn.Module, torch.optim.Optimizer | None] | None = None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -76,11 +118,18 @@ class Meter:
         since_reset = _status_mib("VmHWM") if self.peak_rss_from == PEAK_FROM_MODEL_BUILD else None
         return since_reset if since_reset is not None else lifetime_peak_rss_mib()
 
+    def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """The (unwrapped) model and the optimizer whose held bytes `read` adds."""
+        self.tracked = (model, optimizer)
+
     def read(self) -> dict[str, Any]:
-        """This rank's numbers in MiB (run.json `memory.per_rank`; summary.csv takes their range over ranks)."""
+        """This rank's numbers in MiB (run.json `memory.per_rank`; summary.csv takes their range over ranks),
+        and with a tracked model the bytes it holds (`held_bytes`)."""
         peak = self.peak_rss_mb()
         cuda = self.device.type == "cuda"
+        held = held_bytes(*self.tracked) if self.tracked is not None else {}
         return {
+            **held,
             "rss_before_model_mb": self.rss_before_model_mb,
             "peak_rss_mb": peak,
             "training_rss_mb": peak - self.rss_before_model_mb,

@@ -4,7 +4,6 @@ steps, exact validation. `harness.run` builds one and calls `fit()`."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -68,10 +67,11 @@ class Trainer:
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
         self.memory = memory.Meter(self.device)  # before the model: training's own share is peak − this
-        self.raw_model = workload.build_model().to(self.device)
+        self.raw_model = backend.shard(workload.build_model().to(self.device))  # FSDP2: the optimizer gets shards
         optimizer = make_optimizer(self.raw_model, cfg, workload)
         self.optimizer_meta = describe_optimizer(optimizer)
         self.model, self.optimizer = backend.prepare(self.raw_model, optimizer)
+        self.memory.track(self.raw_model, self.optimizer)
         self.train_feed = data.TrainFeed(workload.train, cfg, backend.rank, backend.world_size, self.device)
         self.validation = validation.Validation(backend, workload, cfg, self._beat)
         self.pending: list[dict[str, Any]] = []
@@ -219,7 +219,8 @@ class Trainer:
         if n == 0:
             return []
         self.train_feed.replaying = True
-        model = copy.deepcopy(self.raw_model)  # a copy: training's weights and optimizer state stay as they are
+        # A copy: training's weights and optimizer state stay as they are (a sharded model is gathered into it).
+        model = self.backend.full_copy(self.raw_model, self.workload.build_model)
         bare = (model, make_optimizer(model, self.cfg, self.workload))
         steps = [step for epoch in plan for step in epoch]
         self.backend.barrier()

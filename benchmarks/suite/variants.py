@@ -28,11 +28,13 @@ from benchmarks.launch.variants import BY_NAME, Variant
 DEFAULT = "ddp@torchrun,horovod@gloo,horovod@mpi"
 DEFAULT_WITH_LAUNCHER = "ddp,horovod"
 """--backends when only --launcher is given: one launcher for both backends, as before variants existed."""
-BARE = {"ddp": "ddp@torchrun", "horovod": "horovod@gloo", "single": "single"}
+BARE = {"ddp": "ddp@torchrun", "horovod": "horovod@gloo", "fsdp": "fsdp@torchrun", "single": "single"}
 """A bare backend name keeps the launcher compare always gave it."""
 FORCED = {  # --launcher L applied to a bare name
     ("ddp", launch.TORCHRUN): "ddp@torchrun",
     ("ddp", launch.MPIRUN): "ddp@mpirun",
+    ("fsdp", launch.TORCHRUN): "fsdp@torchrun",
+    ("fsdp", launch.MPIRUN): "fsdp@mpirun",
     ("horovod", launch.HOROVODRUN): "horovod@gloo",
     ("horovod", launch.MPIRUN): "horovod@mpirun",
 }
@@ -40,7 +42,8 @@ FORCEABLE_LAUNCHERS = (launch.TORCHRUN, launch.HOROVODRUN, launch.MPIRUN)
 
 
 def valid_names() -> str:
-    return f"{', '.join(BY_NAME)} (a bare ddp or horovod means {BARE['ddp']} or {BARE['horovod']})"
+    bare = ", ".join(f"{name} means {BARE[name]}" for name in ("ddp", "horovod", "fsdp"))
+    return f"{', '.join(BY_NAME)} (a bare {bare})"
 
 
 def parse(text: str | None, launcher: str | None = None) -> list[Variant]:

@@ -1,0 +1,174 @@
+"""Native PyTorch, sharded: FSDP2 (`torch.distributed.fsdp.fully_shard`), which shards parameters, gradients
+and optimizer state over the ranks (ZeRO-3): each unit's parameters are all-gathered before its forward (and
+again before its backward when resharded after forward), its gradients reduce-scattered after backward.
+
+The process group, its rendezvous under every launcher and the harness's collectives are DDP's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from backends.ddp import DDPBackend
+from benchmarks.config import FSDPConfig
+from benchmarks.errors import InputError
+from benchmarks.launch import rendezvous
+
+BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
+
+
+def _own_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _self_contained(model: nn.Module) -> Callable[[str], bool]:
+    """Whether a module's parameters belong to it alone: FSDP2 puts a parameter in exactly one unit, so one
+    shared with a module outside (GPT-2's tied embedding and head) must stay with a unit holding both."""
+    owners: dict[int, set[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for param in module._parameters.values():
+            if param is not None:
+                owners.setdefault(id(param), set()).add(name)
+
+    def inside(name: str, owner: str) -> bool:
+        return owner == name or owner.startswith(name + ".")
+
+    def check(name: str) -> bool:
+        module = model.get_submodule(name)
+        return all(all(inside(name, o) for o in owners[id(p)]) for p in module.parameters())
+
+    return check
+
+
+def units_of(model: nn.Module, policy: str, min_params: int) -> list[str]:
+    """The names of the modules that become units under `policy` (docs: FSDPConfig.fsdp_units), bottom-up
+    (a unit after every unit inside it), the root left out: it is always the last unit."""
+    alone = _self_contained(model)
+    modules = list(model.named_modules())
+    if policy in ("blocks", "auto"):
+        blocks = [
+            f"{name}.{child_name}" if name else child_name
+            for name, module in modules
+            if isinstance(module, BLOCK_CONTAINERS)
+            for child_name, child in module.named_children()
+            if _own_parameters(child)
+        ]
+        chosen = [name for name in blocks if alone(name)]
+        if chosen or policy == "blocks":
+            order = {name: i for i, (name, _) in enumerate(modules)}
+            return sorted(chosen, key=lambda n: -order[n])
+    if policy in ("leaves", "auto"):
+        leaves = [name for name, m in modules if name and not list(m.children()) and _own_parameters(m) >= min_params]
+        return [name for name in reversed(leaves) if alone(name)]
+    return []
+
+
+def check_units(model: nn.Module, options: FSDPConfig) -> list[str]:
+    """The units, or InputError when an explicit policy names none (auto and root never do)."""
+    units = units_of(model, options.fsdp_units, options.fsdp_min_params)
+    if not units and options.fsdp_units == "blocks":
+        raise InputError(
+            "--fsdp-units blocks names no module of this model (no child of an nn.ModuleList or nn.Sequential "
+            "holds parameters of its own alone); choose leaves, root or auto"
+        )
+    if not units and options.fsdp_units == "leaves":
+        raise InputError(
+            f"--fsdp-units leaves names no module of this model (no leaf module holds --fsdp-min-params "
+            f"{options.fsdp_min_params} parameters or more alone); lower --fsdp-min-params or choose root or auto"
+        )
+    return units
+
+
+class FSDPBackend(DDPBackend):
+    name = "fsdp"
+    options_type = FSDPConfig  # type: ignore[assignment]
+    launchers = DDPBackend.launchers
+    options: FSDPConfig  # type: ignore[assignment]
+
+    @classmethod
+    def check_model(cls, build_model: Callable[[], nn.Module], options: Any) -> None:
+        try:  # the structure alone is needed: built on the meta device, it costs no memory
+            with torch.device("meta"):
+                model = build_model()
+        except Exception:  # a factory that insists on a real device
+            model = build_model()
+        check_units(model, options)
+
+    def init(self) -> None:
+        info = self.launch
+        addr, port = rendezvous.endpoint(info)
+        self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
+        if self.run.device == "cuda":
+            torch.cuda.set_device(info.local_rank)
+            self.device = torch.device("cuda", info.local_rank)
+        dist.init_process_group(
+            self.dist_backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=datetime.timedelta(seconds=self.run.timeout),
+        )
+        self.mesh = init_device_mesh(self.device.type, (info.world_size,))
+        self.units: list[str] = []
+
+    def mixed_precision(self) -> MixedPrecisionPolicy:
+        # FSDP2: --fp16-allreduce reduce-scatters the gradients in fp16 (DDP's fp16_compress_hook, Horovod's
+        # Compression.fp16); parameters and compute keep their dtype, so the step's arithmetic is unchanged.
+        return MixedPrecisionPolicy(reduce_dtype=torch.float16 if self.run.fp16_allreduce else None)
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        # Every rank starts from rank 0's weights and buffers, as DDP's construction makes it: FSDP2 shards
+        # whatever each rank holds and synchronises nothing.
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+        self.units = check_units(model, self.options)
+        policy = self.mixed_precision()
+        reshard = self.options.reshard_after_forward
+        for name in self.units:
+            fully_shard(model.get_submodule(name), mesh=self.mesh, reshard_after_forward=reshard, mp_policy=policy)
+        # The root: FSDP2's default (None) keeps its parameters gathered after forward, since backward starts there.
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=None if reshard else False, mp_policy=policy)
+        return model
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        # Sharded in `shard`; the optimizer was built on the shards (DTensors) and steps only this rank's.
+        return model, optimizer
+
+    @contextlib.contextmanager
+    def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
+        assert isinstance(model, FSDPModule)
+        # FSDP2: gradients of the inner micro-batches accumulate unsharded; the last one reduce-scatters them.
+        model.set_requires_gradient_sync(last_micro_batch)
+        yield
+
+    def full_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
+        # The full weights gathered once (off the clock) into a fresh, unsharded model of the same workload.
+        state = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+        with torch.random.fork_rng(devices=[]):  # building draws from the RNG; training's stream is left as it was
+            plain = build_model().to(self.device)
+        plain.load_state_dict(state)
+        return plain
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "accumulate": self.run.accumulate,
+            "fp16_allreduce": self.run.fp16_allreduce,
+            "dist_backend": self.dist_backend,
+            "fsdp_units": self.options.fsdp_units,
+            "fsdp_min_params": self.options.fsdp_min_params,
+            "reshard_after_forward": self.options.reshard_after_forward,
+            "units": [*self.units, ""],  # module names, bottom-up; "" is the root
+            "mixed_precision": {"param_dtype": None, "reduce_dtype": "float16" if self.run.fp16_allreduce else None},
+            "broadcast_buffers": False,  # FSDP2: buffers are rank 0's at start and never synchronised by it
+        }
