@@ -244,6 +244,7 @@ def run(
     notes = [*notes, *environment.adoption_notes(adopted)]
     placement.apply(cfg.bind, info.local_rank, info.local_world_size)
     workload = load_checked_workload(cfg, info.world_size)
+    backend_cls.check_model(workload.build_model, options)  # e.g. an FSDP unit policy that names nothing
     data_print = fingerprint.of_data(workload.train, workload.val)  # compared across ranks once they have joined
     workload, weight_prints = fingerprint.recording(workload)
     backend_cls.check_available()
