@@ -122,7 +122,7 @@ def write(
         "Per backend": table,
         "What was compared": context.setup_table(rs, per_run),
         "Backends: launch, threads, versions": context.backend_facts(rs),
-        "Knobs and options that differ between the backends": context.differing_options(rs),
+        "Knobs and options that differ between the variants": context.differing_options(rs),
     }
     if len(scale):
         sections[
