@@ -121,6 +121,10 @@ class Backend(ABC, Generic[Options]):
         prof.export_chrome_trace(str(path))
         found["files"].append(f"{directory.name}/{path.name}")
 
+    def settled(self, run_dir: Path) -> dict[str, Any]:
+        """Rank 0, after training: knobs the framework chose while it ran (Horovod's autotuner), for run.json."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         """Every knob in effect, for run.json."""
         return {"accumulate": self.run.accumulate, "fp16_allreduce": self.run.fp16_allreduce}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,11 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from backends import horovod_autotune
 from backends.base import Backend, ReduceOp
 from benchmarks import launch
 from benchmarks.config import HorovodConfig
 from benchmarks.errors import InputError
 
+KNOB_VARIABLES = {"fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME"}
 INSTALL_HINT = "Horovod is not installed with PyTorch support; run `make setup` or docker/install-horovod.sh"
 
 
@@ -43,8 +47,25 @@ class HorovodBackend(Backend[HorovodConfig]):
         # Horovod: knobs are read from the environment at hvd.init(). Never a value the user did not choose: an
         # exported variable became the option's value, or contradicted a given option and was refused
         # (benchmarks.environment.adopt_for_run, before any process group).
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.options.fusion_threshold_mb * 1024 * 1024))
-        os.environ["HOROVOD_CYCLE_TIME"] = str(self.options.cycle_time_ms)
+        # Horovod: under the autotuner a knob it is given is held constant, left out of its search; so only a
+        # value moved from its default (given, or exported and adopted) is given then, or one exported as is.
+        self.held = [k for k, var in KNOB_VARIABLES.items() if not self.options.autotune or os.environ.get(var)
+                     or getattr(self.options, k) != getattr(HorovodConfig, k)]  # fmt: skip
+        if "fusion_threshold_mb" in self.held:
+            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.options.fusion_threshold_mb * 1024 * 1024))
+        if "cycle_time_ms" in self.held:
+            os.environ["HOROVOD_CYCLE_TIME"] = str(self.options.cycle_time_ms)
+        self.autotune_log: Path | None = None
+        if self.options.autotune:
+            os.environ["HOROVOD_AUTOTUNE"] = "1"
+            # Horovod: the coordinator (rank 0) writes the log; the run directory is named only after init, so
+            # it goes to a temporary file first (or where the user's HOROVOD_AUTOTUNE_LOG says) and is copied
+            # into the run directory once trained (settled).
+            if not os.environ.get("HOROVOD_AUTOTUNE_LOG"):
+                handle, name = tempfile.mkstemp(prefix="distbench-autotune-", suffix=".csv")
+                os.close(handle)
+                os.environ["HOROVOD_AUTOTUNE_LOG"] = name
+            self.autotune_log = Path(os.environ["HOROVOD_AUTOTUNE_LOG"])
         # Horovod: bound every wait by --timeout; a stalled rank ends the job instead of warning forever. A
         # value the user exported is kept (and recorded in run.json environment).
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, int(self.run.timeout))))
@@ -62,6 +83,19 @@ class HorovodBackend(Backend[HorovodConfig]):
 
     def shutdown(self) -> None:
         self.hvd_module.shutdown()
+        log = getattr(self, "autotune_log", None)
+        if log is not None and log.name.startswith("distbench-autotune-"):
+            log.unlink(missing_ok=True)  # ours, in the temporary directory; the run has its copy
+
+    def settled(self, run_dir: Path) -> dict[str, Any]:
+        """Rank 0, after training: the autotuner's log copied into the run directory, and what it settled on."""
+        if getattr(self, "autotune_log", None) is None:
+            return {}
+        copy = run_dir / horovod_autotune.LOG_NAME
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.autotune_log, copy)
+        plan = horovod_autotune.plan(os.environ, horovod_autotune.gpu_build())
+        return {"autotuned": horovod_autotune.read_log(copy, plan.scores)}
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         hvd = self.hvd_module
@@ -116,10 +150,16 @@ class HorovodBackend(Backend[HorovodConfig]):
         hvd = self.hvd_module
         return {
             **super().describe(),
-            "fusion_threshold_mb": self.options.fusion_threshold_mb,
-            "cycle_time_ms": self.options.cycle_time_ms,
+            # Under the autotuner a knob not held is its to choose: knobs.autotuned says what it chose.
+            **{k: getattr(self.options, k) if k in self.held else "autotuned" for k in KNOB_VARIABLES},
             "compression": "fp16" if self.run.fp16_allreduce else "none",
             "op": self.options.hvd_op,
             "controller": "gloo" if hvd.gloo_enabled() else "mpi",
             "broadcast_buffers": False,  # Horovod: buffers are broadcast once at start, never per step
+            **({"autotune": self._autotune_plan()} if self.options.autotune else {}),
         }
+
+    def _autotune_plan(self) -> dict[str, Any]:
+        plan = horovod_autotune.plan(os.environ, bool(self.hvd_module.nccl_built() or self.hvd_module.ddl_built()))
+        return {"held": self.held, "tuned": [k for k in KNOB_VARIABLES if k not in self.held]
+                + list(plan.tunable), "settled_within_steps": plan.steps, "derivation": plan.derivation()}  # fmt: skip

@@ -145,6 +145,14 @@ class HorovodConfig:
         1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME, whose exported value is taken likewise)", above=0
     )
     hvd_op: str = _opt("average", "Horovod reduction op: average or adasum", choices=("average", "adasum"))
+    autotune: bool = _opt(
+        False,
+        "Horovod's autotuner (HOROVOD_AUTOTUNE=1, whose exported value is taken likewise) searches fusion threshold, "
+        "cycle time, hierarchical allreduce/allgather and response cache during the warm-up, which must hold its "
+        "whole search (docs/fairness.md); its log is the run's autotune.csv and run.json knobs.autotuned what it "
+        "settled on; --fusion-threshold-mb or --cycle-time-ms away from its default is held constant; tune: a "
+        "third setting beside default and best",
+    )
 
 
 FSDP_UNITS = ("auto", "blocks", "leaves", "root")

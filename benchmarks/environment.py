@@ -192,6 +192,8 @@ ENV_OPTIONS = (
     EnvOption("threads", ("OMP_NUM_THREADS", "MKL_NUM_THREADS"), _positive_int),
     EnvOption("fusion_threshold_mb", ("HOROVOD_FUSION_THRESHOLD",), lambda text: int(text) / MIB),
     EnvOption("cycle_time_ms", ("HOROVOD_CYCLE_TIME",), float),
+    # Horovod turns its autotuner on for any integer above 0 (operations.cc's strtol).
+    EnvOption("autotune", ("HOROVOD_AUTOTUNE",), lambda text: int(text) > 0),
 )
 """The rule (docs/fairness.md): where the environment sets one of these variables and the option was not
 given, the variable's value becomes the option's and rank 0 (or compare's start-up line) says so; where the
@@ -205,6 +207,8 @@ T = TypeVar("T")
 
 
 def _text(value: float) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

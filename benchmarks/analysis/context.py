@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from backends import horovod_autotune
 from benchmarks.analysis.load import INTERRUPTED, RunSet
 from benchmarks.analysis.tables import seconds
 
@@ -16,7 +17,10 @@ BACKEND_FACTS = {
     "launcher": "launcher", "launcher_detail": "launcher detail", "knob_controller": "controller",
     "knob_dist_backend": "process group", "world_size": "world size", "threads": "threads",
     "omp_num_threads_env": "OMP_NUM_THREADS", "placement": "CPU placement", "optimizer": "optimizer",
+    "knob_autotuned": "Horovod autotuner settled on",
 }  # fmt: skip
+SHOWN_AS_FACTS = ("knob_autotune", "knob_autotuned")
+"""Knobs of the facts table (the autotuner's search and outcome), not repeated among the differing options."""
 
 
 def _text(value: object) -> str:
@@ -24,6 +28,8 @@ def _text(value: object) -> str:
     2048 would read 2048.0), other numbers to 6 significant digits, '—' for not recorded."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "—"
+    if isinstance(value, dict):  # run.json knobs.autotuned in one line (backends.horovod_autotune.summary)
+        return horovod_autotune.summary(value) if "log" in value else "; ".join(f"{k}={v}" for k, v in value.items())
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else f"{value:.6g}"
     return str(value)
@@ -95,7 +101,7 @@ def differing_options(rs: RunSet) -> pd.DataFrame:
     variant's runs only, differs too: '—' marks the variant without it.
     """
     runs = _all_runs(rs)
-    columns = [c for c in runs if c.startswith(("knob_", "config_", "env_"))]
+    columns = [c for c in runs if c.startswith(("knob_", "config_", "env_")) and c not in SHOWN_AS_FACTS]
     if runs[_by(runs)].nunique() < 2 or not columns:
         return pd.DataFrame(columns=["option"])
     table = runs.groupby(_by(runs), sort=False)[columns].agg(_values).T
@@ -117,8 +123,10 @@ def headline(rs: RunSet, per_run: pd.DataFrame) -> str:
     return "compared: " + "; ".join(parts)
 
 
-NOT_MEASURED = ("config_trace", "config_trace_steps", "config_compute_baseline_steps", "config_overwrite")
-"""Options that change no recorded number (they act after the timed steps, or on the run directory)."""
+NOT_MEASURED = ("config_trace", "config_trace_steps", "config_compute_baseline_steps", "config_overwrite",
+                "knob_autotuned")  # fmt: skip
+"""Options that change no recorded number (they act after the timed steps, or on the run directory), and what
+Horovod's autotuner settled on: an outcome of one setting, which may differ from repeat to repeat."""
 
 
 def pooled_settings(rs: RunSet) -> list[str]:

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 import backends
+from backends import horovod_autotune
 from backends.base import Backend
 from benchmarks import config, environment, launch
 from benchmarks.config import RunConfig
@@ -195,7 +196,7 @@ def check_workload(workload: workloads.Workload, name: str) -> None:
             raise problem(f"optimizer(model, lr) returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
 
 
-def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload:
+def load_checked_workload(cfg: RunConfig, world_size: int, options: Any = None) -> workloads.Workload:
     """The workload, or an InputError when it cannot be built, is malformed, or gives a rank no timed step."""
     try:
         workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
@@ -214,6 +215,8 @@ def load_checked_workload(cfg: RunConfig, world_size: int) -> workloads.Workload
     steps = min(steps, cfg.steps_per_epoch or steps)
     if cfg.epochs * steps <= cfg.warmup_steps and not cfg.eval_only:  # --eval-only times no training step
         raise config.no_timed_steps(cfg, steps)
+    if getattr(options, "autotune", False) and not cfg.eval_only:  # Horovod's autotuner searches in the warm-up
+        horovod_autotune.check_steps(cfg.warmup_steps, cfg.epochs * steps, os.environ, horovod_autotune.gpu_build())
     return workload
 
 
@@ -243,7 +246,7 @@ def run(
     )
     notes = [*notes, *environment.adoption_notes(adopted)]
     placement.apply(cfg.bind, info.local_rank, info.local_world_size)
-    workload = load_checked_workload(cfg, info.world_size)
+    workload = load_checked_workload(cfg, info.world_size, options)
     backend_cls.check_model(workload.build_model, options)  # e.g. an FSDP unit policy that names nothing
     data_print = fingerprint.of_data(workload.train, workload.val)  # compared across ranks once they have joined
     workload, weight_prints = fingerprint.recording(workload)
@@ -365,6 +368,8 @@ def run(
             recorder.meta["model_parameters"] = sum(p.numel() for p in params)
             recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, cfg, backend_name)
         trainer.fit()
+        if recorder is not None:
+            recorder.meta["knobs"].update(backend.settled(recorder.run_dir))
         if watchdog.orphaned():  # between the watchdog's looks: still not a run anybody is waiting for
             raise guard.LauncherGone(parent)
         if recorder is not None:

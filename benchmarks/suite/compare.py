@@ -310,8 +310,11 @@ def check_jobs(jobs: list[Job]) -> None:
         validate(job.variant.backend, job.cfg)
     from benchmarks.run import fingerprint, harness  # imports torch: only past the checks that need none
 
-    for job in {(j.cfg.batch_size, j.ranks): j for j in jobs}.values():
-        workload = harness.load_checked_workload(job.cfg, job.ranks)
+    # Horovod's autotuner (given, or exported and adopted by the ranks) needs its search within the warm-up.
+    exported = os.environ.get("HOROVOD_AUTOTUNE", "").strip() not in ("", "0")
+    tuned = {id(j): "--autotune" in j.knobs or (exported and j.variant.backend == "horovod") for j in jobs}
+    for job in {(j.cfg.batch_size, j.ranks, tuned[id(j)]): j for j in jobs}.values():
+        workload = harness.load_checked_workload(job.cfg, job.ranks, argparse.Namespace(autotune=tuned[id(job)]))
     cfg = jobs[0].cfg
     if catalog.parse(cfg.workload).kind == "custom":  # a built-in is seeded; a user's may make data at import
         fingerprint.check_fresh_process(workload, cfg.workload, cfg.seed, (cfg.train_size, cfg.val_size))

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import backends
+from backends import horovod_autotune
 from benchmarks import config, errors, files
 from benchmarks.errors import InputError
-from benchmarks.suite import compare, options, precision, variants
+from benchmarks.suite import autotuning, compare, options, precision, variants
 from benchmarks.suite import jobs as processes
+from benchmarks.suite.autotuning import AUTOTUNE
 from benchmarks.suite.variants import Job, Variant
 
 DEFAULT_GRID: dict[str, dict[str, list[Any]]] = {
@@ -147,6 +149,8 @@ def command(args: argparse.Namespace) -> int:
             raise InputError(f"--tune-steps {args.tune_steps} leaves no timed step after --warmup-steps "
                              f"{cfg.warmup_steps}; raise --tune-steps")  # fmt: skip
         own = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
+        autotune = autotuning.plan_for(args, chosen)  # --autotune: a setting of its own, never in the sweep or default
+        own = {b: dataclasses.replace(o, autotune=False) if b == "horovod" else o for b, o in own.items()}
         sweep, points = [], {}
         for v in chosen:
             points[v.name] = grid_points(grid.get(v.backend, {})) if v.backend not in backends.ONE_PROCESS else []
@@ -154,7 +158,10 @@ def command(args: argparse.Namespace) -> int:
                 [job] = variants.jobs_for(sweep_cfg, [v], nproc, None, {v.backend: knob_argv(own[v.backend], point)})
                 sweep.append(dataclasses.replace(job, run_prefix=f"{v.slug}-p{i}"))
         finals = variants.jobs_for(cfg, chosen, nproc, None, {b: config.to_argv(o) for b, o in own.items()})
-        compare.check_jobs([*sweep, *finals])
+        autotuned = [
+            autotuning.job_for(job, autotune) for job in finals if autotune and job.variant.backend == "horovod"
+        ]
+        compare.check_jobs([*sweep, *finals, *autotuned])
         root = compare.make_compare_dir(
             Path(cfg.out), cfg.run_id or compare.new_compare_id().replace("compare", "tune")
         )
@@ -164,6 +171,9 @@ def command(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{v.name} {len(points[v.name])} points" for v in chosen)
     print(f"distbench tune: sweep {sizes}, {args.tune_repeats} repeat(s) of {sweep_cfg.steps_per_epoch} steps; "
           f"then default and best with {args.repeats} repeats each; {nproc[0]} ranks", file=sys.stderr)  # fmt: skip
+    if autotuned:
+        print(f"distbench tune: autotune beside them, its warm-up lengthened by {autotune.steps} steps for Horovod's "
+              f"autotuner to settle ({autotune.derivation()})", file=sys.stderr)  # fmt: skip
     with processes.Supervisor(root) as supervisor:
         attempts = compare.run_jobs(sweep, args.tune_repeats, root / "sweep", supervisor, label="tune sweep")
         table = write_tune_csv(root, attempts, sweep, points)
@@ -181,6 +191,7 @@ def command(args: argparse.Namespace) -> int:
                     final_jobs.append(
                         dataclasses.replace(job, knobs=knob_argv(own[v.backend], point), run_prefix=f"{v.slug}-best")
                     )
+                final_jobs += [a for a in autotuned if a.variant == v]
             final = compare.run_jobs(final_jobs, args.repeats, root / "final", supervisor, label="tune final")
             more, plan = precision.second_stage(
                 root / "final", args,
@@ -256,6 +267,31 @@ def keep_or_default(
     return "default", f"gain {gain:.{d}f}× ({lo:.{d}f}–{hi:.{d}f}) within noise: default kept", (gain, lo, hi)
 
 
+def autotune_row(
+    root: Path, v: Variant, mine: Any, default: Any, grid_gain: float | None, pilot: int | None
+) -> dict[str, Any]:
+    """tuned.csv's autotune row of a variant: its gain over the default by the same keep rule as the grid's best,
+    what the autotuner settled on (each run's run.json knobs.autotuned: distinct ones joined by |), and `beyond`:
+    whether it is kept, i.e. beyond noise and above the grid best's gain where that is kept (`grid_gain`)."""
+    from benchmarks.analysis import stats
+
+    auto = mine[mine.setting == AUTOTUNE]
+    settled = dict.fromkeys(horovod_autotune.summary(autotuning.settled_of(root / "final" / r)) for r in auto.run_id)
+    nan = float("nan")
+    if not len(auto):
+        verdict, why, (gain, lo, hi) = "default", "runs all failed (see final/comparison.csv)", (nan,) * 3
+    elif not len(default):
+        verdict, why, (gain, lo, hi) = "default", "not compared: no default run", (nan,) * 3
+    else:
+        verdict, why, (gain, lo, hi) = keep_or_default(auto, default, {AUTOTUNE: True}, pilot)
+    beyond = verdict == "best" and (grid_gain is None or gain > grid_gain)
+    return {"variant": v.name, "backend": v.backend, "best": f"{AUTOTUNE}: {' | '.join(settled) or '—'}",
+            "default_samples_per_s": stats.log_ci(default.samples_per_s)[0],
+            "tuned_samples_per_s": stats.log_ci(auto.samples_per_s)[0], "gain": gain, "gain_low": lo,
+            "gain_high": hi, "why": f"{AUTOTUNE} {why.split(': ')[0].removeprefix('gain ')}",
+            "beyond": beyond}  # fmt: skip
+
+
 def finish(
     root: Path,
     attempts: list[compare.Attempt],
@@ -283,7 +319,7 @@ def finish(
         default, tuned = mine[mine.setting == "default"], mine[mine.setting == "best"]
         point = best.get(v.name)
         planned = set(full[full.variant == v.name].setting)
-        failed = sorted(s for s in planned if not (mine.setting == s).any())  # every run of that setting failed
+        failed = sorted(s for s in planned - {AUTOTUNE} if not (mine.setting == s).any())  # all its runs failed
         if failed:
             gain, lo, hi = float("nan"), float("nan"), float("nan")
             keep = next(iter(planned - set(failed)), "none")
@@ -294,9 +330,19 @@ def finish(
                      "default_samples_per_s": stats.log_ci(default.samples_per_s)[0],
                      "tuned_samples_per_s": stats.log_ci(tuned.samples_per_s)[0],
                      "gain": gain, "gain_low": lo, "gain_high": hi, "kept": keep, "why": why})  # fmt: skip
+        if AUTOTUNE in planned:  # kept when beyond noise and ahead of a kept grid best; one sentence, both rows
+            row = autotune_row(root, v, mine, default, gain if keep == "best" else None, plan.get("pilot"))
+            keep = AUTOTUNE if row.pop("beyond") else keep
+            grid = why.split(": ")[0]
+            grid = f"grid best {grid.removeprefix('gain ')}" if grid.startswith("gain ") else f"grid: {grid}"
+            said = f"{grid}; {row['why']}: {keep} kept"
+            rows[-1]["kept"], rows[-1]["why"], row["kept"], row["why"] = keep, said, keep, said
+            rows.append(row)
         kept += [str(root / "final" / r) for r in mine[mine.setting == keep].run_id]
         if keep == "best" and point:
             knobs[v.name] = point
+        elif keep == AUTOTUNE:
+            knobs[v.name] = {"autotune": "on"}
     tuned_table = pd.DataFrame(rows)
     files.write_csv(tuned_table, root / TUNED_CSV, index=False)
     how = "two-stage" if plan.get("pilot") else "Welch"
