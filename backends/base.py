@@ -74,6 +74,12 @@ class Backend(ABC, Generic[Options]):
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         """Wrap model and optimizer; all ranks start from rank 0's weights and optimizer state."""
 
+    @contextlib.contextmanager
+    def evaluation(self, model: nn.Module) -> Iterator[None]:
+        """Around one rank's validation forward passes, whose number may differ between ranks (a strategy's
+        uneven split, rank0's idle ranks): a backend whose forward is collective (FSDP2) gathers here instead."""
+        yield
+
     def full_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
         """A plain copy of the (unwrapped) model with its present weights, which steps without the backend: the
         compute baseline. A sharded model is gathered first, so this may communicate (never in a timed step)."""

@@ -52,7 +52,8 @@ def _self_contained(model: nn.Module) -> Callable[[str], bool]:
 
 def units_of(model: nn.Module, policy: str, min_params: int) -> list[str]:
     """The names of the modules that become units under `policy` (docs: FSDPConfig.fsdp_units), bottom-up
-    (a unit after every unit inside it), the root left out: it is always the last unit."""
+    (a unit after every unit inside it), the root left out: it is always the last unit. Blocks are the
+    children of the outermost nn.ModuleList/nn.Sequential containers."""
     alone = _self_contained(model)
     modules = list(model.named_modules())
     if policy in ("blocks", "auto"):
@@ -63,7 +64,9 @@ def units_of(model: nn.Module, policy: str, min_params: int) -> list[str]:
             for child_name, child in module.named_children()
             if _own_parameters(child)
         ]
-        chosen = [name for name in blocks if alone(name)]
+        # The outermost blocks only: a transformer layer is one unit, not also its MLP's Sequential inside.
+        outer = [name for name in blocks if not any(name.startswith(other + ".") for other in blocks)]
+        chosen = [name for name in outer if alone(name)]
         if chosen or policy == "blocks":
             order = {name: i for i, (name, _) in enumerate(modules)}
             return sorted(chosen, key=lambda n: -order[n])
@@ -151,6 +154,23 @@ class FSDPBackend(DDPBackend):
         # FSDP2: gradients of the inner micro-batches accumulate unsharded; the last one reduce-scatters them.
         model.set_requires_gradient_sync(last_micro_batch)
         yield
+
+    @contextlib.contextmanager
+    def evaluation(self, model: nn.Module) -> Iterator[None]:
+        # FSDP2's forward all-gathers each unit: a collective every rank must join, but a validation's ranks
+        # may make different numbers of passes (rank0: the others none). So every unit is gathered once, here,
+        # and kept gathered through the passes (no reshard after forward), then resharded: no pass communicates.
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        try:
+            yield
+        finally:
+            for unit in units:
+                keep = unit is model or not self.options.reshard_after_forward  # as `shard` set them
+                unit.set_reshard_after_forward(not keep, recurse=False)
+                unit.reshard()
 
     def full_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
         # The full weights gathered once (off the clock) into a fresh, unsharded model of the same workload.

@@ -178,7 +178,8 @@ class Validation:
         model.eval()
         backend.barrier()
         start = time.perf_counter()
-        totals = self._evaluate(model)
+        with backend.evaluation(model):  # FSDP2: every unit gathered once, so the passes make no collective
+            totals = self._evaluate(model)
         self._sync()
         busy = time.perf_counter() - start
         reduced = backend.all_reduce(totals, "sum").tolist()
