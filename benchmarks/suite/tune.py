@@ -5,7 +5,8 @@
    holds every run and each point's geometric mean; `best` marks each variant's argmax.
 2. Final: each variant at its default knobs and at its sweep best, --repeats each, interleaved. The
    best is kept only when its gain over the default has a 95 % interval above 1 (Welch, on log
-   throughput); within noise, or without an interval (< 3 repeats), the default is kept.
+   throughput); within noise, or without an interval (< 3 repeats), the default is kept. With --autotune a
+   Horovod variant also runs at Horovod's autotuner (benchmarks/suite/autotuning.py), held to the same rule.
 3. tuned.csv (default vs tuned per variant) and a report of the final runs at the chosen knobs.
 
 Imported by the parser of every `distbench` process: no torch, no analysis stack at module level.
