@@ -36,7 +36,10 @@ MEMORY = {"peak_rss_mb": "peak RSS", "training_rss_mb": "of it training's own", 
           "allocated", "cuda_max_reserved_mb": "CUDA reserved"}  # fmt: skip
 """The peak-memory measures per rank the decision shows (summary.csv's `<measure>_min`/`_max` over ranks)."""
 WELCH = "Welch on log throughput"
-TWO_STAGE = "two-stage: all runs' means, each variant's spread from its own pilot runs (Behrens–Fisher)"
+TWO_STAGE = (
+    "two-stage: all runs' means, each variant's spread from its own pilot runs (Behrens–Fisher); Welch "
+    "over all runs for a pair whose plans were both cut short"
+)
 REASONS = {"compute_ms": "compute", "exposed_comm_ms": "exposed communication and overhead"}
 
 
@@ -145,7 +148,7 @@ def _decide_setup(
     group: pd.DataFrame,
     breakdown: pd.DataFrame | None,
     margin: float,
-    pilot: int | None,
+    plan: dict[str, Any],
     knobs: dict[str, dict[str, Any]],
     command: str,
     efficiency: dict[str, float],
@@ -184,7 +187,7 @@ def _decide_setup(
     for variant, rows in by_variant.items():
         if variant == pick or variant not in means:
             continue
-        ratio, rlo, rhi = intervals.interval_of(rows, by_variant[pick], pilot)
+        ratio, rlo, rhi = intervals.interval_of(rows, by_variant[pick], plan)
         status = status_of(rlo, rhi, margin)
         alt: dict[str, Any] = {
             "variant": variant,
@@ -317,7 +320,7 @@ def decide(
             here = scale[(scale.workload == setup["workload"]) & (scale.world_size == setup["world_size"])]
             efficiency = {str(r.variant): _number(r.efficiency) for r in here.itertuples()}
         decision["setups"].append(
-            _decide_setup(setup, group, breakdown, margin, pilot, knobs or {}, command, efficiency, memory_limit_mb)
+            _decide_setup(setup, group, breakdown, margin, plan, knobs or {}, command, efficiency, memory_limit_mb)
         )
     return decision
 

@@ -178,11 +178,20 @@ def floor_of(rows: pd.DataFrame) -> float:
     return float(np.median(found))
 
 
-def interval_of(rows: pd.DataFrame, base: pd.DataFrame, pilot: int | None) -> tuple[float, float, float]:
-    """The interval of `rows`' throughput over `base`'s (run rows with samples_per_s and run_id): two-stage when a
-    `pilot` (the repeats of the first stage) is known, else Welch; the one every table and decision shows."""
+def interval_of(
+    rows: pd.DataFrame, base: pd.DataFrame, plan: dict[str, Any] | int | None
+) -> tuple[float, float, float]:
+    """The interval of `rows`' throughput over `base`'s (run rows with samples_per_s and run_id, each one arm): the
+    one every table and decision shows. Without a second stage (`plan` without a pilot): Welch. After one (`plan`:
+    plan.json's content, or just the pilot's repeats): two-stage, except for a pair whose plans the cap or the
+    budget cut short both — their number of runs then says nothing of their spread beyond "large", and Welch
+    over all runs, the noisy pilot in it, is valid and no narrower than it should be (docs/fairness.md)."""
+    plan = {"pilot": plan} if isinstance(plan, int) else plan or {}
+    pilot, needed, ran = plan.get("pilot"), plan.get("needed") or {}, plan.get("ran") or {}
+    arms = [arm_of(r.run_id.iloc[0]) if len(r) else "" for r in (rows, base)]
+    cut = all(needed.get(a, 0) > ran.get(a, needed.get(a, 0)) for a in arms)
     pilots = None
-    if pilot:
+    if pilot and not cut:
         pilots = tuple(r.samples_per_s[r.run_id.map(repeat_of) < pilot] for r in (rows, base))
     floors = (floor_of(rows), floor_of(base))
     return ratio_interval(rows.samples_per_s, base.samples_per_s, pilots, floors)  # type: ignore[arg-type]

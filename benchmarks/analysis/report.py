@@ -95,7 +95,7 @@ def write(
     per_run = per_run[~evaluated]  # training's tables, plots and decision; eval-only runs are validation's
     given = known or {}
     plan = given.get("plan") or decision.read_plan(paths)
-    table = tables.backend_table(per_run, (plan or {}).get("pilot"))  # the decision's intervals
+    table = tables.backend_table(per_run, plan)  # the decision's intervals
     summary = terminal.format_table(table, tables.loss_agreement(rs))
     scale = evaluation.eval_scaling(tables.scaling(per_run), per_run)  # evaluation's beside training's
     if len(scale):

@@ -217,12 +217,12 @@ def setups(per_run: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
     return [(dict(zip(keys, s, strict=True)), per_run[setup.map(s.__eq__)]) for s in dict.fromkeys(setup)]
 
 
-def backend_table(per_run: pd.DataFrame, pilot: int | None = None) -> pd.DataFrame:
+def backend_table(per_run: pd.DataFrame, plan: dict | None = None) -> pd.DataFrame:
     """Per setup and backend: geometric-mean throughput with a 95 % CI, ratio to the setup's first backend.
 
     Intervals are on log throughput (never a negative bound) and absent with fewer than 3 runs, which the
-    `interval` column then says; a ratio's is the decision's (`intervals.interval_of`: two-stage after a second
-    stage whose `pilot` is given, else Welch). `warning` flags runs too short to time well, `error` a failed run's.
+    `interval` column then says; a ratio's is the decision's (`intervals.interval_of`: after a second stage, from
+    its `plan`). `warning` flags runs too short to time well, `error` a failed run's.
     """
     rows: list[dict] = []
     if not len(per_run):
@@ -266,7 +266,7 @@ def backend_table(per_run: pd.DataFrame, pilot: int | None = None) -> pd.DataFra
                 if backend == base_name:
                     row.update(ratio=1.0, ratio_low=np.nan, ratio_high=np.nan)  # the base of the ratios
                 else:
-                    ratio, rlo, rhi = intervals.interval_of(mine, base, pilot)  # the decision's interval
+                    ratio, rlo, rhi = intervals.interval_of(mine, base, plan)  # the decision's interval
                     row.update(ratio=ratio, ratio_low=rlo, ratio_high=rhi)
                 if "warning" in mine:
                     warned = mine[mine.warning.fillna("") != ""]

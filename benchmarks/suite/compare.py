@@ -159,7 +159,7 @@ def compare(
         attempts += more
         t0 = time.perf_counter()
         phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
-        table = write_comparison(root, attempts, jobs, scaling, plan.get("pilot"))
+        table = write_comparison(root, attempts, jobs, scaling, plan)
         write_report(root, table, {"plan": plan, "command": command, "memory_limit_mb": design.memory_limit_mb})
         phases["table and report"] = time.perf_counter() - t0
         print(time_line(attempts, phases, time.perf_counter() - started))
@@ -246,10 +246,10 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
 
 
 def write_comparison(
-    root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str = WEAK, pilot: int | None = None
+    root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str = WEAK, plan: dict[str, Any] | None = None
 ) -> str:
     """comparison.csv (one row per run, failures included) and the terminal tables (a two-stage compare's
-    intervals from its `pilot`)."""
+    intervals from its `plan`)."""
     import pandas as pd
 
     from benchmarks.analysis import evaluation, load, tables, terminal
@@ -268,7 +268,7 @@ def write_comparison(
     if not only.all():  # --eval-only trains nothing: its rows are validation's alone
         agreement = tables.loss_agreement(rs) if rs is not None else float("nan")  # nan: no run to compare
         training = labelled[~only]
-        parts.append(terminal.format_table(tables.backend_table(training, pilot), agreement))
+        parts.append(terminal.format_table(tables.backend_table(training, plan), agreement))
         scale = tables.scaling(training)
         if len(scale):
             parts.append(terminal.format_scaling(scale))
