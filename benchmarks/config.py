@@ -194,6 +194,8 @@ class FSDPConfig:
 
 
 ALLREDUCE_IMPLS = ("torch", "horovod", "mpi4py")
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+"""`distbench allreduce --collective` choices: DDP's and Horovod's allreduce, then the two FSDP2 uses."""
 DTYPES = {"float32": 4, "float16": 2}
 """`distbench allreduce --dtype` choices and their bytes per element."""
 DEFAULT_SIZES = "4-256M"
@@ -243,6 +245,13 @@ class AllreduceConfig:
         "hvd.allreduce_ (the controller its launcher gives it) or mpi4py's Allreduce",
         "required without --compare",
         choices=ALLREDUCE_IMPLS,
+    )
+    collective: str = _opt(
+        "allreduce",
+        "the collective timed: allreduce (in place), reduce_scatter (out of place) or all_gather (in place), "
+        "SUM where it reduces; --sizes is the whole buffer (reduce_scatter's input, all_gather's output), as "
+        "nccl-tests counts it; reduce_scatter and all_gather for --impl torch only",
+        choices=COLLECTIVES,
     )
     sizes: list[int] = field(
         default_factory=lambda: parse_sizes(DEFAULT_SIZES),

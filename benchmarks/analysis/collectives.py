@@ -1,4 +1,4 @@
-"""`distbench allreduce` results: find, load, check, plot and tabulate them.
+"""`distbench allreduce` results (allreduce, reduce-scatter, all-gather): find, load, check, plot and tabulate.
 
 from benchmarks.analysis import collectives
 frame = collectives.load("results/reference/2026-12-01-cpu-2core-allreduce")  # one row per run and size
@@ -45,6 +45,7 @@ RUN_COLUMNS = (
     "run_key",
     "run_id",
     "impl",
+    "collective",
     "launcher",
     "launcher_detail",
     "controller",
@@ -57,6 +58,8 @@ RUN_COLUMNS = (
     "wall_s",
 )
 RELATIVE_TOLERANCE = 1e-9
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+"""Schema 1 runs, without a `collective`, are allreduce."""
 
 
 def _meta(run_dir: Path) -> dict | None:
@@ -77,17 +80,20 @@ def _runs(dirs: list[Path]) -> pd.DataFrame:
     for run_dir in dirs:
         meta = _meta(run_dir) or {}
         row = {key: meta.get(key) for key in RUN_COLUMNS}
+        row["collective"] = meta.get("collective", "allreduce")
         rows.append({**row, "run_key": str(run_dir), "status": effective_status(meta)})
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 
 def _labels(frame: pd.DataFrame) -> pd.Series:
-    """The impl, plus whatever else varies among its runs (launcher, world size, dtype), as a line's name."""
+    """The impl and its collective unless allreduce ("torch-gloo reduce_scatter"), plus whatever else varies
+    among its runs (launcher, world size, dtype), as a line's name."""
     labels = pd.Series("", index=frame.index, dtype=object)
-    for impl, group in frame.groupby("impl", sort=False):
+    for (impl, collective), group in frame.groupby(["impl", "collective"], sort=False):
+        name = str(impl) if collective == "allreduce" else f"{impl} {collective}"
         extra = [c for c in ("launcher", "world_size", "dtype") if group[c].nunique() > 1]
         for i, row in group.iterrows():
-            labels[i] = ", ".join([str(impl), *(f"w{row[c]}" if c == "world_size" else str(row[c]) for c in extra)])
+            labels[i] = ", ".join([name, *(f"w{row[c]}" if c == "world_size" else str(row[c]) for c in extra)])
     return labels
 
 
@@ -107,6 +113,8 @@ def load(*paths: str | Path, include_failed: bool = False) -> pd.DataFrame:
         path = Path(run["run_key"]) / rank_side.CSV_NAME
         if path.is_file():
             rows = pd.read_csv(path)
+            if "collective" not in rows.columns:  # schema 1
+                rows.insert(2, "collective", "allreduce")
             frames.append(rows.assign(run_key=run["run_key"], status=run["status"]))
     frames = [f for f in frames if len(f)]
     if not frames:
@@ -119,7 +127,7 @@ def load(*paths: str | Path, include_failed: bool = False) -> pd.DataFrame:
 
 
 def time_at_size(frame: pd.DataFrame, size_bytes: float) -> dict[str, float | None]:
-    """Each line's (`label`'s) allreduce time in seconds for a message of `size_bytes`.
+    """Each line's (`label`'s) time per call in seconds for a message of `size_bytes`.
 
     Between two measured sizes the time is interpolated linearly in log(size)–log(time); a measured size
     gives its own time (the median over runs); outside the measured range, or for a size ≤ 0, None.
@@ -143,12 +151,15 @@ def check_dir(run_dir: Path) -> list[str]:
     meta = _meta(run_dir)
     if meta is None:
         return [f"{RUN_JSON}: missing or not a JSON object"]
-    problems = [f"{RUN_JSON}: missing key '{k}'" for k in RUN_KEYS if k not in meta]
-    if meta.get("schema_version") != rank_side.SCHEMA_VERSION:
+    version = meta.get("schema_version")
+    keys = (*RUN_KEYS, "collective") if version != 1 else RUN_KEYS
+    problems = [f"{RUN_JSON}: missing key '{k}'" for k in keys if k not in meta]
+    if version not in (1, rank_side.SCHEMA_VERSION):
         problems.append(
-            f"{RUN_JSON}: schema_version {meta.get('schema_version')!r} is not one this distbench knows "
-            f"({rank_side.SCHEMA_VERSION})"
+            f"{RUN_JSON}: schema_version {version!r} is not one this distbench knows (1, {rank_side.SCHEMA_VERSION})"
         )
+    if meta.get("collective", "allreduce") not in COLLECTIVES:
+        problems.append(f"{RUN_JSON}: collective {meta.get('collective')!r} is not one of {', '.join(COLLECTIVES)}")
     status = effective_status(meta)
     if status not in ("running", "completed", "failed"):
         problems.append(f"{RUN_JSON}: status {status!r} is not running, completed or failed")
@@ -163,11 +174,9 @@ def check_dir(run_dir: Path) -> list[str]:
     if text and not text.endswith("\n"):
         problems.append(f"{rank_side.CSV_NAME}: the last line is cut off (no newline)")
     rows = pd.read_csv(path, dtype=str, keep_default_na=False)
-    if tuple(rows.columns) != rank_side.COLUMNS:
-        return [
-            *problems,
-            f"{rank_side.CSV_NAME}: header is {','.join(rows.columns)}, expected {','.join(rank_side.COLUMNS)}",
-        ]
+    columns = rank_side.LEGACY_COLUMNS if meta["schema_version"] == 1 else rank_side.COLUMNS
+    if tuple(rows.columns) != columns:
+        return [*problems, f"{rank_side.CSV_NAME}: header is {','.join(rows.columns)}, expected {','.join(columns)}"]
     return problems + _check_rows(rows, meta, status)
 
 
@@ -176,6 +185,8 @@ def _check_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
     name = rank_side.CSV_NAME
     width = DTYPES.get(str(meta.get("dtype")), 0)
     world = int(meta.get("world_size") or 0)
+    collective = meta.get("collective", "allreduce")
+    factor = "2(n−1)/n" if collective == "allreduce" else "(n−1)/n"
     if status == "completed" and list(pd.to_numeric(rows["size_bytes"], errors="coerce")) != meta["sizes"]:
         problems.append(f"{name}: sizes are not run.json's {meta['sizes']} (one row per size, in order)")
     for i, row in enumerate(rows.to_dict("records"), start=2):
@@ -186,6 +197,8 @@ def _check_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
         except ValueError:
             problems.append(f"{where} size_bytes, elements, iterations and warmup must be integers")
             continue
+        if row.get("collective", collective) != collective:
+            problems.append(f"{where} collective {row['collective']!r} is not run.json's {collective!r}")
         if row["correct"] not in ("True", "False"):
             problems.append(f"{where} correct is {row['correct']!r}, not True or False")
         if elements * width != size or iters < 1 or warmup < 0:
@@ -207,13 +220,15 @@ def _check_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
             continue
         if not math.isclose(alg, rank_side.algbw_gbps(size, mean), rel_tol=1e-6):
             problems.append(f"{where} algbw_gbps {alg} is not size_bytes / time_mean_s / 1e9")
-        if world and not math.isclose(bus, rank_side.busbw_gbps(size, mean, world), rel_tol=1e-6, abs_tol=1e-12):
-            problems.append(f"{where} busbw_gbps {bus} is not algbw_gbps × 2(n−1)/n for n = {world}")
+        expected = rank_side.busbw_gbps(size, mean, world, collective) if world else bus
+        if not math.isclose(bus, expected, rel_tol=1e-6, abs_tol=1e-12):
+            problems.append(f"{where} busbw_gbps {bus} is not algbw_gbps × {factor} for n = {world} ({collective})")
     return problems
 
 
 def figure(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Bus bandwidth and time against message size, log–log, one line per label; None when nothing is timed."""
+    """Bus bandwidth and time against message size, log–log, one line per label (impl and collective); None
+    when nothing is timed."""
     from benchmarks.analysis import figures  # matplotlib only once a figure is drawn
 
     plt = figures.plt
@@ -231,7 +246,8 @@ def figure(frame: pd.DataFrame, path: Path) -> Path | None:
     ticks = FuncFormatter(lambda x, _: format_size(int(x)) if x >= 1 and float(x).is_integer() else "")
     low, high = (int(math.log2(s)) for s in (ok["size_bytes"].min(), ok["size_bytes"].max()))
     step = max(1, math.ceil((high - low) / 9))  # at most ~10 labelled sizes, every one a measured power of two
-    for ax, ylabel in ((bw_ax, "bus bandwidth (GB/s)"), (t_ax, "time per allreduce (µs)")):
+    what = "/".join(dict.fromkeys(ok["collective"]))
+    for ax, ylabel in ((bw_ax, "bus bandwidth (GB/s)"), (t_ax, f"time per {what} (µs)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks([2**e for e in range(low, high + 1, step)])
@@ -241,8 +257,8 @@ def figure(frame: pd.DataFrame, path: Path) -> Path | None:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.3)
     worlds = ", ".join(sorted({f"{w} ranks" for w in ok["world_size"]}))
-    bw_ax.set_title(f"allreduce bus bandwidth ({', '.join(sorted(set(ok['dtype'])))}, {worlds})")
-    t_ax.set_title("allreduce time (mean over ranks)")
+    bw_ax.set_title(f"{what} bus bandwidth ({', '.join(sorted(set(ok['dtype'])))}, {worlds})")
+    t_ax.set_title(f"{what} time (mean over ranks)")
     bw_ax.legend(fontsize=8)
     return figures.save(fig, path)
 
@@ -252,12 +268,12 @@ class AllreduceSection:
     """What a report shows of allreduce runs; every frame is ready for a markdown table."""
 
     runs: pd.DataFrame
-    """One row per run: run_key, run_id, impl, launcher, launcher_detail, controller, world_size, device,
+    """One row per run: run_key, run_id, impl, collective, launcher, launcher_detail, controller, world_size, device,
     dtype, threads, status, error, wall_s (the sweep's seconds)."""
     busbw: pd.DataFrame
     """Bus bandwidth in GB/s: one row per size (`size`, e.g. '64 KiB'), one column per label."""
     time_us: pd.DataFrame
-    """Mean time per allreduce in µs, shaped like `busbw`."""
+    """Mean time per call in µs, shaped like `busbw`."""
     figures: list[Path] = field(default_factory=list)
     """The PNG(s) written into out_dir (bandwidth and time against size, log–log)."""
     notes: list[str] = field(default_factory=list)
@@ -265,18 +281,20 @@ class AllreduceSection:
 
     def markdown(self, figure_dir: Path | None = None) -> str:
         """The section as markdown; figures linked relative to `figure_dir` (default: by file name)."""
+        only_allreduce = set(self.runs["collective"]) <= {"allreduce"}
         parts = [
-            "## Allreduce",
+            "## Allreduce" if only_allreduce else "## Collectives",
             "",
-            "Bus bandwidth = size / time × 2(n−1)/n (nccl-tests); time is the mean over ranks of each rank's "
-            "mean per allreduce. Every reduced value was checked exact.",
+            "Bus bandwidth = size / time × 2(n−1)/n for allreduce, × (n−1)/n for reduce_scatter and all_gather "
+            "(nccl-tests; size is the whole buffer); time is the mean over ranks of each rank's mean per call. "
+            "Every result was checked exact.",
             "",
         ]
         parts += [f"- {note}" for note in self.notes] + ([""] if self.notes else [])
         for title, frame in (
             ("Runs", self.runs.drop(columns=["run_key"])),
             ("Bus bandwidth (GB/s)", self.busbw),
-            ("Time per allreduce (µs)", self.time_us),
+            ("Time per allreduce (µs)" if only_allreduce else "Time per call (µs)", self.time_us),
         ):
             parts += [f"### {title}", "", terminal.markdown_table(frame, missing="—"), ""]
         for png in self.figures:
@@ -293,7 +311,8 @@ class AllreduceSection:
                 f"{b:.3g} ({t:.1f})" if b == b else "—"
                 for b, t in zip(self.busbw[column], self.time_us[column], strict=True)
             ]
-        return "bus bandwidth GB/s (time µs) per allreduce\n" + joined.to_string(index=False)
+        what = "allreduce" if set(self.runs["collective"]) <= {"allreduce"} else "call"
+        return f"bus bandwidth GB/s (time µs) per {what}\n" + joined.to_string(index=False)
 
 
 def _wide(frame: pd.DataFrame, column: str, scale: float = 1.0) -> pd.DataFrame:

@@ -5,7 +5,9 @@ a bare copy of the model, no gradient communication), `exposed communication` (t
 compute: communication and framework overhead not hidden behind backward) and `other` (the timed window
 per step minus the median step: slow steps and the gaps between steps). When `distbench allreduce`
 results for the same world size are among the report's paths, each variant's gradient allreduce is
-looked up at its size (interpolated on log–log), which says how much of it the framework hides.
+looked up at its size (interpolated on log–log), which says how much of it the framework hides; only
+allreduce results serve there, and reduce-scatter / all-gather results (FSDP2's collectives) are shown
+beside them at each setup's gradient size.
 """
 
 from __future__ import annotations
@@ -90,16 +92,29 @@ def _ms(value: float, lo: float = np.nan, hi: float = np.nan) -> str:
     return f"{value:.1f}" if np.isnan(lo) else f"{value:.1f} ({lo:.1f}–{hi:.1f})"
 
 
-def alone_ms(allreduce: pd.DataFrame | None, impl: str | None, world_size: int, dtype: str, nbytes: Any) -> float:
-    """`impl`'s allreduce of `nbytes` alone in ms, from `distbench allreduce` runs of that world size and
+def alone_ms(
+    allreduce: pd.DataFrame | None,
+    impl: str | None,
+    world_size: int,
+    dtype: str,
+    nbytes: Any,
+    collective: str = "allreduce",
+) -> float:
+    """`impl`'s `collective` of `nbytes` alone in ms, from `distbench allreduce` runs of that world size and
     dtype; NaN when there are none or the size is outside the measured range."""
     if allreduce is None or impl is None or pd.isna(nbytes) or not nbytes:
         return np.nan
     rows = allreduce[(allreduce.impl == impl) & (allreduce.world_size == world_size) & (allreduce.dtype == dtype)]
+    rows = rows[_collective(rows) == collective]
     if not len(rows):
         return np.nan
     times = [t for t in collectives.time_at_size(rows.assign(label=impl), float(nbytes)).values() if t is not None]
     return times[0] * 1000 if times else np.nan
+
+
+def _collective(frame: pd.DataFrame) -> pd.Series:
+    """Each row's collective (frames without the column, schema 1's, are allreduce)."""
+    return frame["collective"] if "collective" in frame else pd.Series("allreduce", index=frame.index)
 
 
 def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFrame:
@@ -220,16 +235,20 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
 
 
 def alone_table(table: pd.DataFrame, allreduce: pd.DataFrame) -> pd.DataFrame:
-    """Each setup's gradient size through every measured implementation (the reference mpi4py included)."""
+    """Each setup's gradient size through every measured implementation (the reference mpi4py included) and
+    collective (`torch-gloo reduce_scatter_ms`: what FSDP2's reduce-scatter of the whole gradient costs)."""
     rows = []
+    pairs = dict.fromkeys(zip(allreduce.impl, _collective(allreduce), strict=True))
     for (world, dtype, mb), _ in table.groupby(["world_size", "raw_dtype", "gradient_mb"], sort=False):
         if not mb or pd.isna(mb):
             continue
         row: dict[str, Any] = {"world_size": world, "dtype": dtype, "gradient_mb": mb}
-        for impl in dict.fromkeys(allreduce.impl):
-            ms = alone_ms(allreduce, impl, int(world), dtype, mb * 1e6)
-            row[f"{impl}_ms"] = ms
-            row[f"{impl}_busbw_gbps"] = rank_side.busbw_gbps(int(mb * 1e6), ms / 1000, int(world)) if ms > 0 else np.nan
+        for impl, collective in pairs:
+            ms = alone_ms(allreduce, impl, int(world), dtype, mb * 1e6, collective)
+            name = impl if collective == "allreduce" else f"{impl} {collective}"
+            row[f"{name}_ms"] = ms
+            busbw = rank_side.busbw_gbps(int(mb * 1e6), ms / 1000, int(world), collective) if ms > 0 else np.nan
+            row[f"{name}_busbw_gbps"] = busbw
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -286,8 +305,10 @@ def section(
         pass
     part = collectives.report_section(paths, out)
     if part is not None:
-        found.tables.update({"Allreduce alone: bus bandwidth (GB/s)": part.busbw,
-                             "Allreduce alone: time per allreduce (µs)": part.time_us})  # fmt: skip
+        only = set(part.runs["collective"]) <= {"allreduce"}
+        what, per = ("Allreduce", "allreduce") if only else ("Collectives", "call")
+        found.tables.update({f"{what} alone: bus bandwidth (GB/s)": part.busbw,
+                             f"{what} alone: time per {per} (µs)": part.time_us})  # fmt: skip
         found.images += part.figures
     if not len(runs):
         return found

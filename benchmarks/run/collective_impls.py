@@ -1,5 +1,6 @@
-"""The allreduce implementations of `distbench allreduce` behind one small interface (`Collective`), and
-the exact-sum pattern each rank fills its buffer with: torch.distributed, Horovod and mpi4py.
+"""The implementations of `distbench allreduce` behind one small interface (`Collective`), and the
+patterns each rank fills its buffer with so every result can be checked exactly: torch.distributed (allreduce,
+reduce-scatter, all-gather), Horovod and mpi4py (allreduce).
 
 Imported by `benchmarks.run.collectives` (the sweep); never by the parser.
 """
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import launch
-from benchmarks.config import AllreduceConfig
+from benchmarks.config import COLLECTIVES, AllreduceConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import rendezvous
 
@@ -34,25 +35,72 @@ def expected_sum(world_size: int, dtype: Any) -> np.ndarray:
     return sum((_pattern(r, np.float64) for r in range(world_size)), np.zeros(PERIOD)).astype(dtype)
 
 
-def fill_pattern(array: np.ndarray, rank: int) -> None:
-    """Write this rank's pattern into a flat array in place (no temporary the size of the buffer)."""
+def _tile(array: np.ndarray, base: np.ndarray) -> None:
+    """array[i] = base[i % PERIOD] in place (no temporary the size of the buffer)."""
     whole = len(array) - len(array) % PERIOD
-    base = _pattern(rank, array.dtype)
     array[:whole].reshape(-1, PERIOD)[:] = base
     array[whole:] = base[: len(array) - whole]
 
 
-def first_wrong(array: np.ndarray, world_size: int) -> tuple[int, float, float] | None:
-    """(index, value, expected) of the first element that is not the exact sum, or None when all are."""
+def _mismatch(array: np.ndarray, base: np.ndarray) -> int | None:
+    """The first i where array[i] != base[i % PERIOD], or None."""
     whole = len(array) - len(array) % PERIOD
-    expected = expected_sum(world_size, array.dtype)
-    bad = np.flatnonzero(array[:whole].reshape(-1, PERIOD) != expected)
+    bad = np.flatnonzero(array[:whole].reshape(-1, PERIOD) != base)
     if not len(bad):
-        bad = np.flatnonzero(array[whole:] != expected[: len(array) - whole]) + whole
-    if not len(bad):
-        return None
-    i = int(bad[0])
-    return i, float(array[i]), float(expected[i % PERIOD])
+        bad = np.flatnonzero(array[whole:] != base[: len(array) - whole]) + whole
+    return int(bad[0]) if len(bad) else None
+
+
+def fill_pattern(array: np.ndarray, rank: int) -> None:
+    """Write this rank's summand pattern into a flat array in place (allreduce, reduce-scatter input)."""
+    _tile(array, _pattern(rank, array.dtype))
+
+
+def _shard_pattern(rank: int, dtype: Any) -> np.ndarray:
+    return np.array([1 + PERIOD * rank + j for j in range(PERIOD)], dtype=dtype)
+
+
+def fill_shard(array: np.ndarray, rank: int) -> None:
+    """An all-gather's input: rank r's shard holds 1 + 3r + i % 3, so a shard from the wrong rank or put
+    in the wrong place comes out wrong (at most 3 × ranks: exact in float16 where the sums are)."""
+    _tile(array, _shard_pattern(rank, array.dtype))
+
+
+def first_wrong(array: np.ndarray, world_size: int, offset: int = 0) -> tuple[int, float, float] | None:
+    """(index, value, expected) of the first element that is not the exact sum, or None when all are.
+
+    `offset`: the index of array[0] in the whole buffer (a reduce-scatter's shard); the index returned is
+    in the whole buffer too."""
+    expected = np.roll(expected_sum(world_size, array.dtype), -(offset % PERIOD))
+    i = _mismatch(array, expected)
+    return None if i is None else (offset + i, float(array[i]), float(expected[i % PERIOD]))
+
+
+def first_wrong_gathered(array: np.ndarray, world_size: int) -> tuple[int, float, float] | None:
+    """(index, value, expected) of the first element of an all-gather's output that is not rank k's
+    shard in block k, or None when all are."""
+    shard = len(array) // world_size
+    for k in range(world_size):
+        expected = _shard_pattern(k, array.dtype)
+        i = _mismatch(array[k * shard : (k + 1) * shard], expected)
+        if i is not None:
+            return k * shard + i, float(array[k * shard + i]), float(expected[i % PERIOD])
+    return None
+
+
+def check(collective: str, output: np.ndarray, rank: int, world_size: int) -> tuple[int, float, float] | None:
+    """The first wrong element of `rank`'s output of `collective` (filled as `Collective.buffers` says)."""
+    if collective == "all_gather":
+        return first_wrong_gathered(output, world_size)
+    return first_wrong(output, world_size, rank * len(output) if collective == "reduce_scatter" else 0)
+
+
+EXPECTED = {
+    "allreduce": "the exact sum over {} ranks",
+    "reduce_scatter": "this rank's shard of the exact sum over {} ranks",
+    "all_gather": "rank k's shard in block k of {}",
+}
+"""What a checked output should hold, for the error line."""
 
 
 class Collective:
@@ -78,13 +126,32 @@ class Collective:
 
         return torch.zeros(elements, dtype=self.dtype, device=self.device)
 
-    def fill(self, buf: Any, rank: int) -> None:
+    def fill(self, buf: Any, rank: int, pattern: Callable[[np.ndarray, int], None] = fill_pattern) -> None:
         """`rank`'s check pattern (the timed iterations reduce the zeros a buffer starts with: sums stay 0)."""
         if buf.device.type == "cpu":
-            return fill_pattern(buf.numpy(), rank)
+            return pattern(buf.numpy(), rank)
         host = np.empty(buf.numel(), NUMPY_DTYPES[self.opts.dtype])
-        fill_pattern(host, rank)
+        pattern(host, rank)
         buf.copy_(buf.new_tensor(host))
+
+    def buffers(self, collective: str, elements: int) -> tuple[Any, Any]:
+        """(input, output) of `collective` over a whole buffer of `elements`: the same buffer for allreduce;
+        reduce-scatter's output is a separate shard (out of place, as FSDP2's); all-gather's input is this
+        rank's block of its output (in place, as FSDP2's)."""
+        if collective == "allreduce":
+            buf = self.buffer(elements)
+            return buf, buf
+        shard = elements // self.world_size
+        if collective == "reduce_scatter":
+            return self.buffer(elements), self.buffer(shard)
+        out = self.buffer(elements)
+        return out[self.rank * shard : (self.rank + 1) * shard], out
+
+    def call(self, collective: str, inp: Any, out: Any, size_bytes: int) -> Callable[[], object]:
+        """`collective` bound into a call of no arguments (allreduce: `allreduce`'s)."""
+        if collective != "allreduce":
+            raise InputError(f"--collective {collective} is measured with --impl torch only")
+        return self.allreduce(out, size_bytes)
 
     def host(self, buf: Any) -> np.ndarray:
         return buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
@@ -135,6 +202,22 @@ class TorchCollective(Collective):
     def allreduce(self, buf: Any, size_bytes: int) -> Callable[[], object]:
         return functools.partial(self.dist.all_reduce, buf, op=self.dist.ReduceOp.SUM)
 
+    def _function(self, collective: str) -> Callable[..., object]:
+        # torch 2.13 renamed reduce_scatter_tensor / all_gather_into_tensor to *_single, which FSDP2 calls;
+        # an older torch has only the former names.
+        new, old = {
+            "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+            "all_gather": ("all_gather_single", "all_gather_into_tensor"),
+        }.get(collective, ("all_reduce",) * 2)
+        return getattr(self.dist, new, None) or getattr(self.dist, old)
+
+    def call(self, collective: str, inp: Any, out: Any, size_bytes: int) -> Callable[[], object]:
+        if collective == "reduce_scatter":
+            return functools.partial(self._function(collective), out, inp, op=self.dist.ReduceOp.SUM)
+        if collective == "all_gather":
+            return functools.partial(self._function(collective), out, inp)
+        return super().call(collective, inp, out, size_bytes)
+
     def barrier(self) -> None:
         self.dist.barrier()
 
@@ -144,8 +227,17 @@ class TorchCollective(Collective):
         return out
 
     def knobs(self) -> dict[str, Any]:
-        return {"process_group": self.backend, "call": "torch.distributed.all_reduce(tensor, op=SUM)"}
+        name = self._function(self.opts.collective).__name__
+        call = TORCH_CALLS[self.opts.collective].format(name)
+        return {"process_group": self.backend, "call": f"torch.distributed.{call}"}
 
+
+TORCH_CALLS = {
+    "allreduce": "{}(tensor, op=SUM)",
+    "reduce_scatter": "{}(shard, tensor, op=SUM)",
+    "all_gather": "{}(tensor, this rank's block of tensor)",
+}
+assert set(TORCH_CALLS) == set(COLLECTIVES)
 
 HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY")
 
@@ -212,8 +304,8 @@ class MPI4pyCollective(Collective):
     def buffer(self, elements: int) -> Any:
         return np.zeros(elements, dtype=NUMPY_DTYPES[self.opts.dtype])
 
-    def fill(self, buf: Any, rank: int) -> None:
-        fill_pattern(buf, rank)
+    def fill(self, buf: Any, rank: int, pattern: Callable[[np.ndarray, int], None] = fill_pattern) -> None:
+        pattern(buf, rank)
 
     def host(self, buf: Any) -> np.ndarray:
         return buf

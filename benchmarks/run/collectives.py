@@ -1,11 +1,12 @@
-"""Rank side of `distbench allreduce`: one implementation's sweep over message sizes.
+"""Rank side of `distbench allreduce`: one implementation's sweep of one collective over message sizes.
 
-Every implementation sits behind `Collective`: an in-place SUM allreduce of a buffer, a barrier and
-an object all-gather. Per size: warm-up, a barrier, the timed loop (nothing in it but the allreduce
-measured), then, outside it, a correctness check and one all-gather of each rank's mean time and
-verdict, so rank 0 can write the size's row before the next size's barrier. Rank 0 writes
-`allreduce.csv` and `run.json` (`kind: allreduce`). No pandas, scipy or matplotlib here, and torch only
-once a sweep starts: the analysis side imports the formulas and the schema from this module.
+Every implementation sits behind `Collective`: an in-place SUM allreduce of a buffer (torch: also the
+reduce-scatter and all-gather FSDP2 uses), a barrier and an object all-gather. Per size: warm-up, a
+barrier, the timed loop (nothing in it but the collective measured), then, outside it, a correctness
+check and one all-gather of each rank's mean time and verdict, so rank 0 can write the size's row before
+the next size's barrier. Rank 0 writes `allreduce.csv` and `run.json` (`kind: allreduce`, whichever the
+collective). No pandas, scipy or matplotlib here, and torch only once a sweep starts: the analysis side
+imports the formulas and the schema from this module.
 
 On CUDA the timed loop only queues calls: no host synchronisation inside it, one after its last call (the
 host clock must see the device finish), and one just before the clock starts, so nothing queued earlier
@@ -34,17 +35,30 @@ from benchmarks import launch
 from benchmarks.config import AllreduceConfig, format_size
 from benchmarks.errors import InputError
 from benchmarks.run import guard
-from benchmarks.run.collective_impls import IMPLEMENTATIONS, NUMPY_DTYPES, PERIOD, Collective, first_wrong
+from benchmarks.run.collective_impls import (
+    EXPECTED,
+    IMPLEMENTATIONS,
+    NUMPY_DTYPES,
+    PERIOD,
+    Collective,
+    check,
+    fill_pattern,
+    fill_shard,
+)
 from benchmarks.run.progress import progress
 from benchmarks.run.recorder import RUN_JSON, write_json_atomic
 
 KIND = "allreduce"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the `collective` column and run.json key (schema 1 runs are allreduce, and still pass the check)."""
 CSV_NAME = "allreduce.csv"
 COLUMNS = (
-    "run_id", "impl", "launcher", "controller", "world_size", "device", "dtype", "size_bytes", "elements",
-    "warmup", "iterations", "time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps", "correct",
+    "run_id", "impl", "collective", "launcher", "controller", "world_size", "device", "dtype", "size_bytes",
+    "elements", "warmup", "iterations", "time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps",
+    "correct",
 )  # fmt: skip
+LEGACY_COLUMNS = tuple(c for c in COLUMNS if c != "collective")
+"""Schema 1's header."""
 WARMUP_BYTES = 64 << 20
 TARGET_S = 0.5
 MIN_ITERS, MAX_ITERS = 5, 100_000
@@ -65,9 +79,10 @@ def iteration_count(per_call_s: float) -> int:
     return max(MIN_ITERS, min(MAX_ITERS, math.ceil(TARGET_S / max(per_call_s, 1e-9))))
 
 
-def bus_factor(world_size: int) -> float:
-    """nccl-tests' allreduce correction 2(n−1)/n: what a ring allreduce moves per rank over each link."""
-    return 2 * (world_size - 1) / world_size
+def bus_factor(world_size: int, collective: str = "allreduce") -> float:
+    """nccl-tests' correction: 2(n−1)/n for allreduce, (n−1)/n for reduce-scatter and all-gather (each is
+    one half of a ring allreduce), with S the whole buffer: what one rank moves over each link, per S."""
+    return (2 if collective == "allreduce" else 1) * (world_size - 1) / world_size
 
 
 def algbw_gbps(size_bytes: int, seconds: float) -> float:
@@ -75,13 +90,23 @@ def algbw_gbps(size_bytes: int, seconds: float) -> float:
     return size_bytes / seconds / 1e9
 
 
-def busbw_gbps(size_bytes: int, seconds: float, world_size: int) -> float:
-    """Bus bandwidth S / t × 2(n−1)/n in GB/s: comparable with link bandwidth whatever the world size."""
-    return algbw_gbps(size_bytes, seconds) * bus_factor(world_size)
+def busbw_gbps(size_bytes: int, seconds: float, world_size: int, collective: str = "allreduce") -> float:
+    """Bus bandwidth S / t × `bus_factor` in GB/s: comparable with link bandwidth whatever the world size."""
+    return algbw_gbps(size_bytes, seconds) * bus_factor(world_size, collective)
+
+
+def sweep_sizes(sizes: list[int], collective: str, world_size: int, width: int) -> list[int]:
+    """The sizes a sweep measures. Reduce-scatter and all-gather split the buffer into one equal shard per
+    rank, so, as nccl-tests does, a size is rounded down to whole elements per rank; one under a single
+    element per rank is left out (and a size rounded onto another counts once)."""
+    if collective == "allreduce":
+        return list(sizes)
+    unit = world_size * width
+    return list(dict.fromkeys(s // unit * unit for s in sizes if s >= unit))
 
 
 class WrongResult(RuntimeError):
-    """A reduced buffer held a value that is not the exact sum: the run fails, no bandwidth is claimed."""
+    """An output held a value that is not the exact result: the run fails, no bandwidth is claimed."""
 
 
 def _now() -> str:
@@ -104,29 +129,39 @@ def _append(path: Path, rows: list[dict[str, Any]], header: bool = False) -> Non
 def size_row(meta: dict[str, Any], size: int, warmup: int, iters: int, per_rank: list[float], correct: bool) -> dict:
     """The CSV row of one size from each rank's mean time; a wrong result gets no time or bandwidth."""
     mean = sum(per_rank) / len(per_rank)
-    row = {k: meta[k] for k in ("run_id", "impl", "launcher", "controller", "world_size", "device", "dtype")}
+    keys = ("run_id", "impl", "collective", "launcher", "controller", "world_size", "device", "dtype")
+    row = {k: meta.get(k, "allreduce") if k == "collective" else meta[k] for k in keys}
     width = np.dtype(NUMPY_DTYPES[meta["dtype"]]).itemsize
     row.update(size_bytes=size, elements=size // width, warmup=warmup, iterations=iters, correct=correct)
     if correct:
-        busbw = busbw_gbps(size, mean, meta["world_size"])
+        busbw = busbw_gbps(size, mean, meta["world_size"], row["collective"])
         row.update(time_mean_s=mean, time_min_s=min(per_rank), time_max_s=max(per_rank),
                    algbw_gbps=algbw_gbps(size, mean), busbw_gbps=busbw)  # fmt: skip
     return row
 
 
-def sweep(impl: Collective, opts: AllreduceConfig, meta: dict[str, Any] | None, watchdog: guard.Watchdog) -> None:
-    """Every size in turn; rank 0 (`meta` given) appends each size's row. Raises WrongResult on all ranks."""
+def sweep(
+    impl: Collective,
+    opts: AllreduceConfig,
+    meta: dict[str, Any] | None,
+    watchdog: guard.Watchdog,
+    sizes: list[int] | None = None,
+) -> None:
+    """Every size (`sizes`, default opts.sizes) in turn; rank 0 (`meta` given) appends each size's row.
+    Raises WrongResult on all ranks."""
+    what = opts.collective
     width = np.dtype(NUMPY_DTYPES[opts.dtype]).itemsize
-    bar = progress(len(opts.sizes), f"allreduce {impl.name}", enabled=meta is not None and not opts.quiet)
-    for n, size in enumerate(opts.sizes):
+    sizes = opts.sizes if sizes is None else sizes
+    bar = progress(len(sizes), f"{what} {impl.name}", enabled=meta is not None and not opts.quiet)
+    for n, size in enumerate(sizes):
         warm = warmup_count(size) if opts.warmup is None else opts.warmup
         bar.set_postfix(size=format_size(size))
-        buf = impl.buffer(size // width)
-        allreduce = impl.allreduce(buf, size)
+        inp, buf = impl.buffers(what, size // width)
+        call = impl.call(what, inp, buf, size)
         calls = []
         for _ in range(warm):
             t0 = time.perf_counter()
-            allreduce()
+            call()
             impl.synchronize()
             calls.append(time.perf_counter() - t0)
         # The median call, not the mean: a first call's set-up (Horovod negotiating a new name) is no guide.
@@ -136,19 +171,22 @@ def sweep(impl: Collective, opts: AllreduceConfig, meta: dict[str, Any] | None, 
         impl.synchronize()  # CUDA: an NCCL barrier's own kernel may still be queued; CPU: nothing
         t0 = time.perf_counter()
         for _ in range(iters):
-            allreduce()
+            call()
         impl.synchronize()
         mean_s = (time.perf_counter() - t0) / iters
         watchdog.beat()
-        impl.fill(buf, impl.rank)
-        allreduce()
+        if what == "allreduce":  # the two-argument fill a test's stand-in implementation has
+            impl.fill(inp, impl.rank)
+        else:
+            impl.fill(inp, impl.rank, fill_shard if what == "all_gather" else fill_pattern)
+        call()
         impl.synchronize()
         if opts.inject_wrong_result and n == 0 and impl.rank == impl.world_size - 1:
             impl.perturb(buf)
-        wrong = first_wrong(impl.host(buf), impl.world_size)
+        wrong = check(what, impl.host(buf), impl.rank, impl.world_size)
         error = None if wrong is None else "element {} is {:g}, expected {:g}".format(*wrong)
         gathered = impl.allgather((mean_s, error))
-        del buf, allreduce
+        del inp, buf, call
         bad = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
         if meta is not None:
             row = size_row(meta, size, warm, iters, [t for t, _ in gathered], correct=not bad)
@@ -158,9 +196,7 @@ def sweep(impl: Collective, opts: AllreduceConfig, meta: dict[str, Any] | None, 
         if bad:
             rank, error = bad[0]
             where = f"{format_size(size)} ({opts.dtype}) on rank {rank}"
-            raise WrongResult(
-                f"wrong allreduce result at {where}: {error} (the exact sum over {impl.world_size} ranks)"
-            )
+            raise WrongResult(f"wrong {what} result at {where}: {error} ({EXPECTED[what].format(impl.world_size)})")
     bar.close()
 
 
@@ -207,6 +243,13 @@ def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
         raise InputError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
     if opts.dtype == "float16" and PERIOD * info.world_size > 2048:
         raise InputError(f"float16 cannot hold the exact check sums of {info.world_size} ranks; use --dtype float32")
+    width = np.dtype(NUMPY_DTYPES[opts.dtype]).itemsize
+    sizes = sweep_sizes(opts.sizes, opts.collective, info.world_size, width)
+    if not sizes:
+        raise InputError(
+            f"--sizes: none holds one {opts.dtype} element per rank; --collective {opts.collective} on "
+            f"{info.world_size} ranks needs at least {info.world_size * width} B"
+        )
     threads = opts.threads or launch.default_threads(info.local_world_size)
     torch.set_num_threads(threads)
     impl = IMPLEMENTATIONS[opts.impl](info, opts)
@@ -228,12 +271,14 @@ def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
         impl.start()
         watchdog.beat()
         hosts = impl.allgather({"host": socket.gethostname(), "node_rank": info.node_rank})
-        run_id = opts.run_id or new_id(f"{impl.name}-w{info.world_size}")
+        named = impl.name if opts.collective == "allreduce" else f"{impl.name}-{opts.collective}"
+        run_id = opts.run_id or new_id(f"{named}-w{info.world_size}")
         meta.update({
             "schema_version": SCHEMA_VERSION, "kind": KIND, "run_id": run_id, "impl": impl.name,
+            "collective": opts.collective,
             "launcher": info.launcher, "launcher_detail": info.detail, "controller": impl.controller,
             "world_size": info.world_size, "local_world_size": info.local_world_size, "device": opts.device,
-            "dtype": opts.dtype, "sizes": opts.sizes, "in_place": True, "op": "sum",
+            "dtype": opts.dtype, "sizes": sizes, "in_place": opts.collective != "reduce_scatter", "op": "sum",
             "config": dataclasses.asdict(opts), "knobs": impl.knobs(), "threads": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "versions": environment.versions(),
             "hosts": hosts, "command": sys.argv, "host": socket.gethostname(), "pid": os.getpid(),
@@ -241,7 +286,7 @@ def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
         })  # fmt: skip
         _open_run_dir(impl, opts, meta)
         started = time.perf_counter()
-        sweep(impl, opts, meta if impl.rank == 0 else None, watchdog)
+        sweep(impl, opts, meta if impl.rank == 0 else None, watchdog, sizes)
         if impl.rank == 0:
             meta.update(status="completed", end_time=_now(), wall_s=time.perf_counter() - started)
             _write_meta(meta)

@@ -1,4 +1,5 @@
-"""`distbench allreduce`: allreduce time and bandwidth by message size, in the manner of nccl-tests / OSU.
+"""`distbench allreduce`: allreduce time and bandwidth by message size, in the manner of nccl-tests / OSU
+(with `--collective`, torch's reduce-scatter or all-gather, the collectives FSDP2 uses, instead).
 
 Under a launcher, one implementation (`--impl torch|horovod|mpi4py`) sweeps the sizes and rank 0 writes
 `allreduce.csv` and `run.json` into its own run directory (the rank side is `benchmarks.run.collectives`).
@@ -57,10 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--impls",
-        default=",".join(VARIANTS),
-        help=f"--compare: which, in order (default: {','.join(VARIANTS)}: "
-        "torch under torchrun, horovod-gloo under horovodrun --gloo, horovod-mpi under horovodrun --mpi, mpi4py "
-        "under mpirun)",
+        default=None,
+        help=f"--compare: which, in order (default: {','.join(VARIANTS)} with --collective allreduce, torch "
+        "with the others: torch under torchrun, horovod-gloo under horovodrun --gloo, horovod-mpi under "
+        "horovodrun --mpi, mpi4py under mpirun)",
     )
     add("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2)")
     config.add_arguments(parser, AllreduceConfig)
@@ -87,6 +88,11 @@ def validate(opts: AllreduceConfig) -> None:
         raise InputError(f"--timeout must be a positive number of seconds, got {opts.timeout}")
     if opts.impl == "mpi4py" and opts.device == "cuda":
         raise InputError("--impl mpi4py measures host buffers only; use --device cpu")
+    if opts.collective != "allreduce" and opts.impl not in (None, "torch"):
+        raise InputError(
+            f"--collective {opts.collective} is measured with torch.distributed only; use --impl torch "
+            "(--impls torch with --compare), or --collective allreduce"
+        )
 
 
 def check_launcher(impl: str, info: launch.LaunchInfo) -> None:
@@ -146,10 +152,11 @@ def command(args: argparse.Namespace) -> int:
 
 def _compare_names(args: argparse.Namespace) -> list[str]:
     alias = {"torch-gloo": "torch", "torch-nccl": "torch"}  # the impl column's names for torch
-    names = list(dict.fromkeys(alias.get(n.strip(), n.strip()) for n in args.impls.split(",") if n.strip()))
+    impls = args.impls or (",".join(VARIANTS) if args.collective == "allreduce" else "torch")
+    names = list(dict.fromkeys(alias.get(n.strip(), n.strip()) for n in impls.split(",") if n.strip()))
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or not names:
-        raise InputError(f"--impls takes a comma-separated list of {', '.join(VARIANTS)}; got '{args.impls}'")
+        raise InputError(f"--impls takes a comma-separated list of {', '.join(VARIANTS)}; got '{impls}'")
     if args.nproc < 1:
         raise InputError(f"--nproc must be a positive integer, got {args.nproc}")
     if args.impl is not None:
@@ -172,6 +179,7 @@ def rank_argv(opts: AllreduceConfig) -> list[str]:
     """The options every variant's ranks get (the same sweep for each)."""
     sizes = ",".join(map(str, opts.sizes))
     argv = ["--sizes", sizes, "--dtype", opts.dtype, "--device", opts.device, "--timeout", str(opts.timeout)]
+    argv += ["--collective", opts.collective]
     for name in ("iters", "warmup", "threads"):
         if getattr(opts, name) is not None:
             argv += [f"--{name}", str(getattr(opts, name))]
@@ -189,7 +197,8 @@ def run_compare(names: list[str], opts: AllreduceConfig, nproc: int, root: Path)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     plan = ", ".join(f"{impl_column(n, opts.device)} ({VARIANTS[n][1]})" for n in names)
     span = f"{len(opts.sizes)} sizes {format_size(opts.sizes[0])}–{format_size(opts.sizes[-1])}"
-    print(f"distbench allreduce --compare: {plan}; {nproc} ranks, {opts.dtype}, {span}, OMP_NUM_THREADS={threads}",
+    print(f"distbench allreduce --compare: {opts.collective} of {plan}; {nproc} ranks, {opts.dtype}, {span}, "
+          f"OMP_NUM_THREADS={threads}",
           file=sys.stderr, flush=True)  # fmt: skip
     with processes.Supervisor(root) as supervisor:
         failed, interrupted = run_variants(names, opts, nproc, root, env, supervisor)

@@ -111,3 +111,37 @@ def test_bad_input_under_a_launcher_is_said_once(tmp_path, prefix, argv, code: i
     assert proc.returncode == code, output
     _no_rank_traceback(output)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_fsdps_collectives_under_torchrun_are_checked_and_recorded(tmp_path, collective: str) -> None:
+    """4 B holds no float32 per rank on 2 ranks: left out; the others measured, every output exact."""
+    cmd = [*torchrun(2), "allreduce", "--impl", "torch", "--collective", collective, *SIZES, "--out", str(tmp_path),
+           "--run-id", "s"]  # fmt: skip
+    run_ok(cmd, timeout=130)
+    rows = pd.read_csv(tmp_path / "s" / "allreduce.csv")
+    assert rows.size_bytes.tolist() == [4096, 256 * 1024] and rows.correct.all()
+    assert (rows.collective == collective).all() and (rows.impl == "torch-gloo").all()
+    assert rows.busbw_gbps.tolist() == pytest.approx((rows.algbw_gbps / 2).tolist())  # (n−1)/n at n = 2
+    meta = meta_of(tmp_path / "s")
+    assert (meta["collective"], meta["status"], meta["sizes"]) == (collective, "completed", [4096, 256 * 1024])
+    assert meta["in_place"] is (collective == "all_gather") and "_single(" in meta["knobs"]["call"]
+    assert collectives.check_dir(tmp_path / "s") == []
+
+
+@pytest.mark.timeout(150)
+def test_a_wrong_reduce_scatter_shard_fails_the_run(tmp_path) -> None:
+    cmd = [*torchrun(2), "allreduce", "--impl", "torch", "--collective", "reduce_scatter", "--sizes", "8,4K",
+           "--iters", "5", "--warmup", "1", "--quiet", "--timeout", "60", "--out", str(tmp_path), "--run-id", "w",
+           "--inject-wrong-result"]  # fmt: skip
+    proc = run_cmd(cmd, timeout=130)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    lines = _our_lines(output)
+    assert len(lines) == 1, output
+    assert "wrong reduce_scatter result at 8 B (float32) on rank 1: element 1 is 6, expected 5 (this rank's shard of " \
+        "the exact sum over 2 ranks)" in lines[0]  # fmt: skip
+    _no_rank_traceback(output)
+    assert meta_of(tmp_path / "w")["status"] == "failed"
+    assert collectives.check_dir(tmp_path / "w") == []

@@ -205,8 +205,9 @@ def write_run(root: Path, run_id: str, impl: str, rows: list[tuple[int, float]],
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
     meta = {"schema_version": rank_side.SCHEMA_VERSION, "kind": rank_side.KIND, "run_id": run_id, "impl": impl,
-            "launcher": "mpirun", "controller": "none", "world_size": world, "device": "cpu", "dtype": dtype,
-            "sizes": [s for s, _ in rows], "status": status, "run_dir": str(run_dir)}  # fmt: skip
+            "collective": "allreduce", "launcher": "mpirun", "controller": "none", "world_size": world,
+            "device": "cpu", "dtype": dtype, "sizes": [s for s, _ in rows], "status": status,
+            "run_dir": str(run_dir)}  # fmt: skip
     rank_side._append(run_dir / rank_side.CSV_NAME, [], header=True)
     for size, seconds in rows:
         rank_side._append(run_dir / rank_side.CSV_NAME, [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True)])
