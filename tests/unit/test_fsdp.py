@@ -247,3 +247,13 @@ def test_each_rank_holds_a_wth_of_the_state(request, world: int) -> None:
     assert shards == ranks[0]["held"]["fsdp-sgd"]["param_bytes_full"]  # the shards partition the model
     meta = json.loads((out / "fsdp-sgd" / "run.json").read_text())
     assert meta["status"] == "completed"
+
+
+def test_the_fsdp_grid_goes_through_tunes_grid_rule() -> None:
+    from benchmarks.suite import tune
+    from tests.conftest import REPO
+
+    grid = tune.load_grid(str(REPO / "benchmarks" / "grids" / "fsdp.toml"))
+    assert grid["fsdp"] == {"fsdp_units": ["auto", "root"], "reshard_after_forward": [True, False]}
+    assert len(tune.grid_points(grid["fsdp"])) == 4
+    assert grid["ddp"] == tune.DEFAULT_GRID["ddp"]  # the tables it leaves out keep the default's
