@@ -33,7 +33,7 @@ PLAN_JSON = "plan.json"
 DEFAULT_MARGIN = 0.05
 """The smallest relative throughput difference worth a choice (`--margin`)."""
 MEMORY = {"peak_rss_mb": "peak RSS", "training_rss_mb": "of it training's own", "cuda_max_allocated_mb": "CUDA "
-          "allocated", "cuda_max_reserved_mb": "CUDA reserved"}  # fmt: skip
+          "allocated", "cuda_max_reserved_mb": "CUDA reserved", "state_mb": "training state held"}  # fmt: skip
 """The peak-memory measures per rank the decision shows (summary.csv's `<measure>_min`/`_max` over ranks)."""
 WELCH = "Welch on log throughput"
 TWO_STAGE = (
@@ -59,8 +59,9 @@ def _memory(rows: pd.DataFrame) -> dict[str, list[float]]:
 
 BUDGET_MEASURES = ("cuda_max_allocated_mb", "peak_rss_mb")
 """What --memory-limit-mb is held against, the first measured: CUDA's allocated peak on GPU, else peak RSS."""
-LEAN_MEASURES = ("cuda_max_allocated_mb", "training_rss_mb", "peak_rss_mb")
-"""The training memory per rank that names the leanest variant, the first measured."""
+LEAN_MEASURES = ("cuda_max_allocated_mb", "state_mb", "training_rss_mb", "peak_rss_mb")
+"""The training memory per rank that names the leanest variant, the first measured: on CPU the training state a
+rank holds (parameters, gradients, optimizer state: FSDP2's shards), which RSS hides under everything resident."""
 LEAN_BY = 0.1
 """The leanest variant is named only when the pick needs at least this much more memory (10 %)."""
 

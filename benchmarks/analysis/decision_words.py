@@ -28,7 +28,12 @@ def _memory_words(memory: dict[str, list[float]]) -> str:
     return ", ".join(f"{MEMORY[k]} {mb(*v)}" for k, v in memory.items())
 
 
-NAMES = {"cuda_max_allocated_mb": "CUDA allocated", "training_rss_mb": "training's RSS", "peak_rss_mb": "peak RSS"}
+NAMES = {
+    "cuda_max_allocated_mb": "CUDA allocated",
+    "state_mb": "training state held",
+    "training_rss_mb": "training's RSS",
+    "peak_rss_mb": "peak RSS",
+}
 
 
 def _memory_lines(setup: dict[str, Any]) -> list[str]:

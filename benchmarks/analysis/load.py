@@ -107,7 +107,19 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     per_rank = (meta.get("validation") or {}).get("per_rank") or []
     row["val_most_on_a_rank"] = max((r.get("samples", 0) for r in per_rank), default=np.nan)  # bounds its time
     row["variant"] = with_strategy(run_variant(meta), row["val_strategy"])
+    row.update(state_row(meta))
     return row
+
+
+STATE_PARTS = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+
+
+def state_row(meta: dict[str, Any]) -> dict[str, float]:
+    """`state_mb_min`/`_max`: the training state a rank holds (parameters, gradients and optimizer state, its
+    shards under FSDP2; run.json memory.per_rank), smallest and largest rank, in MiB; NaN before it was recorded."""
+    ranks = [r for r in ((meta.get("memory") or {}).get("per_rank") or []) if all(k in r for k in STATE_PARTS)]
+    held = [sum(float(r[k] or 0) for k in STATE_PARTS) / 2**20 for r in ranks]
+    return {"state_mb_min": min(held, default=np.nan), "state_mb_max": max(held, default=np.nan)}
 
 
 def was_interrupted(meta: dict[str, Any]) -> bool:

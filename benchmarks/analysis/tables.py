@@ -26,7 +26,7 @@ MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
 LAUNCH = ("launcher", "controller")
 RANGE_COLUMNS = ("peak_rss_mb_min", "peak_rss_mb_max", "training_rss_mb_max", "cuda_max_allocated_mb_min",
-                 "cuda_max_allocated_mb_max", "cuda_max_reserved_mb_max")  # fmt: skip
+                 "cuda_max_allocated_mb_max", "cuda_max_reserved_mb_max", "state_mb_min", "state_mb_max")  # fmt: skip
 """The memory columns the per-backend table carries: the range over ranks of each run, averaged over runs."""
 PLAN = ("oversubscribed", "cpus", "scaling")
 """run.json's `oversubscribed` (more local ranks than cores) and `cpus`, and compare's scaling mode."""
@@ -119,7 +119,8 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
             "step_p50_s": q.loc[key, 0.5] if has_q else np.nan, "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
             "step_p95_s": q.loc[key, 0.95] if has_q else np.nan, "step_p99_s": q.loc[key, 0.99] if has_q else np.nan,
             "rank_skew": skew.get(key, np.nan), **final.get(key, NO_LOSS),
-            **{c: run.get(c, np.nan) for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS, "val_most_on_a_rank")},
+            **{c: run.get(c, np.nan) for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS, "val_most_on_a_rank",
+                                                "state_mb_min", "state_mb_max")},
             # An --eval-only run trains nothing timed: its empty window is no short run.
             "warning": "" if run.get("eval_only") is True else run_warning(n_steps, np.nan if wall is None else wall),
             "error": run.get("error"),

@@ -106,3 +106,12 @@ def test_without_a_budget_the_leanest_variants_trade_is_said() -> None:
     assert lean["variant"] == "fsdp@torchrun" and lean["share"] == pytest.approx(100 / 200)
     said = "\n".join(decision_words.words(decided))
     assert "leanest: fsdp@torchrun: 0.62×" in said and "at 50% of the training memory per rank" in said
+
+
+def test_on_cpu_the_leanest_is_named_by_the_training_state_a_rank_holds() -> None:
+    """RSS hides FSDP2's sharding under everything resident; the held parameters, gradients and optimizer state
+    (run.json memory.per_rank, state_mb) show it, and name the leanest variant."""
+    per_run = _per_run({"ddp@torchrun": 500.0, "fsdp@torchrun": 500.0}, {"ddp@torchrun": 100.0, "fsdp@torchrun": 40.0})
+    per_run["state_mb_min"] = per_run["state_mb_max"] = [32.0 if v == "ddp@torchrun" else 16.0 for v in per_run.variant]
+    lean = decision.decide(per_run)["setups"][0]["leanest"]
+    assert lean["variant"] == "fsdp@torchrun" and lean["measure"] == "state_mb" and lean["share"] == 0.5
