@@ -29,7 +29,6 @@ from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
 PARTS = ("compute_ms", "exposed_comm_ms", "other_ms")
-REFERENCE_IMPL = "mpi4py"
 
 
 @dataclass

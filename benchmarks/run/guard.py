@@ -99,11 +99,6 @@ def wait_for_record(run_json: Path, timeout: float = RANK0_RECORD_WAIT_S) -> Non
         time.sleep(0.01)
 
 
-def install_sigterm_watcher(on_terminate: Callable[[], None]) -> None:
-    """`install_signal_watcher` for a caller that says one thing whatever the signal."""
-    install_signal_watcher(lambda why: on_terminate())
-
-
 def write_failure_note(run_dir: Path, rank: int, error: str) -> None:
     """Best effort: the run directory may live on a file system this rank cannot see."""
     try:

@@ -15,9 +15,9 @@ from backends.base import Backend
 from benchmarks.config import RunConfig
 from benchmarks.run import data, faults, guard, memory, phases, progress, sharding, validation, workloads
 from benchmarks.run import recorder as results
-from benchmarks.run.validation import VALIDATION_BUFFERS, average_buffers
+from benchmarks.run.validation import VALIDATION_BUFFERS
 
-__all__ = ["VALIDATION_BUFFERS", "Trainer", "average_buffers", "make_optimizer"]
+__all__ = ["VALIDATION_BUFFERS", "Trainer", "make_optimizer"]
 
 
 BASELINE_WARMUP_STEPS = 2
