@@ -298,14 +298,15 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     knobs = {backend: config.to_argv(option) for backend, option in options.items()}
     strategies = variants.parse_strategies(cfg.val_strategy)  # a list here; each job runs one of them
     jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies)
-    check_jobs(jobs)
+    check_jobs(jobs, options)
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
     print(describe(cfg, preset, jobs, precision.design_words(args), args.global_batch), file=sys.stderr)
     return jobs, root, STRONG if args.global_batch else WEAK
 
 
-def check_jobs(jobs: list[Job]) -> None:
-    """Every job's options, and its workload at its world size, before any process starts."""
+def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> None:
+    """Every job's options, and its workload at its world size, before any process starts; with each backend's
+    `options`, also whether they apply to the workload's model (FSDP2's unit policy), in one line for all."""
     for job in jobs:
         validate(job.variant.backend, job.cfg)
     from benchmarks.run import fingerprint, harness  # imports torch: only past the checks that need none
@@ -315,6 +316,8 @@ def check_jobs(jobs: list[Job]) -> None:
     tuned = {id(j): "--autotune" in j.knobs or (exported and j.variant.backend == "horovod") for j in jobs}
     for job in {(j.cfg.batch_size, j.ranks, tuned[id(j)]): j for j in jobs}.values():
         workload = harness.load_checked_workload(job.cfg, job.ranks, argparse.Namespace(autotune=tuned[id(job)]))
+    for backend, option in (options or {}).items():  # the model is the same at every world size
+        backends.get(backend).check_model(workload.build_model, option)
     cfg = jobs[0].cfg
     if catalog.parse(cfg.workload).kind == "custom":  # a built-in is seeded; a user's may make data at import
         fingerprint.check_fresh_process(workload, cfg.workload, cfg.seed, (cfg.train_size, cfg.val_size))
