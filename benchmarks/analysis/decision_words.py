@@ -21,9 +21,14 @@ def _ratio_words(alt: dict[str, Any], margin: float) -> str:
     return f"{alt['variant']} {alt['ratio']:.{digits}f}× ({lo:.{digits}f}–{hi:.{digits}f})"
 
 
+def _num(mb: float) -> str:
+    """Whole MB, but two significant digits below 10 MB (a small model's training state is under 1 MB)."""
+    return f"{mb:.0f}" if mb >= 10 else f"{mb:.2g}"
+
+
 def _memory_words(memory: dict[str, list[float]]) -> str:
     def mb(low: float, high: float) -> str:
-        return f"{low:.0f} MB" if round(low) == round(high) else f"{low:.0f}–{high:.0f} MB"
+        return f"{_num(low)} MB" if _num(low) == _num(high) else f"{_num(low)}–{_num(high)} MB"
 
     return ", ".join(f"{MEMORY[k]} {mb(*v)}" for k, v in memory.items())
 
@@ -45,8 +50,8 @@ def _memory_lines(setup: dict[str, Any]) -> list[str]:
         lo, hi = lean["ci"]
         interval = f" ({lo:.2f}–{hi:.2f})" if lo is not None and np.isfinite(lo) else ""
         lines.append(f"leanest: {lean['variant']}: {lean['ratio']:.2f}×{interval} the speed at {lean['share']:.0%} "
-                     f"of the training memory per rank ({NAMES[lean['measure']]} {lean['mb']:.0f} vs "
-                     f"{lean['pick_mb']:.0f} MB)")  # fmt: skip
+                     f"of the training memory per rank ({NAMES[lean['measure']]} {_num(lean['mb'])} vs "
+                     f"{_num(lean['pick_mb'])} MB)")  # fmt: skip
     return lines
 
 
