@@ -41,7 +41,8 @@ def test_report_opens_with_the_decision_then_what_was_compared(tmp_path) -> None
     make_run(tmp_path / "c", "ddp-r0", "ddp", ONE_RANK, wall=1.0, meta=DDP)
     make_run(tmp_path / "c", "horovod-r0", "horovod", ONE_RANK, wall=1.0, meta=HOROVOD)
     summary = report.write([tmp_path / "c"], tmp_path / "out", {"md", "html"})
-    assert summary.startswith("Decision (unresolved): synthetic, global batch 10, 1 ranks: ddp@torchrun ahead on these runs, not resolved")
+    head = "Decision (unresolved): synthetic, global batch 10, 1 ranks: ddp@torchrun ahead on these runs, not resolved"
+    assert summary.startswith(head)
     compared = "compared: synthetic (1234 parameters), global batch 10 (10 per rank × accumulate 1)"
     assert summary.index(compared) < summary.index("backend ")  # then what was compared, then the table
     md = (tmp_path / "out" / "report.md").read_text()
