@@ -86,7 +86,8 @@ def test_every_strategy_against_one_process(ranked: tuple[int, Path]) -> None:
         if strategy == "sampler":
             means = [float(losses[list(DistributedSampler(range(N), world, r, shuffle=False))].mean())
                      for r in range(world)]  # fmt: skip
-            assert val.loss == pytest.approx(sum(means) / world, rel=1e-9)
+            # float32 losses: this process's thread count (not the ranks' one) reorders a matmul's sums (~3e-9)
+            assert val.loss == pytest.approx(sum(means) / world, rel=1e-7)
             assert abs(val.loss - exact) > 1e-6  # the padding's duplicates and the mean of means show
             duplicates = math.ceil(N / world) * world - N
             assert (meta["duplicates"], summary.val_duplicates) == (duplicates, duplicates)
