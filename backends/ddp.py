@@ -28,25 +28,30 @@ def _buffer_sync_kwarg(enabled: bool) -> dict[str, bool]:
     return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": enabled}
 
 
+def join_process_group(backend: Backend[Any], dist_backend: str) -> None:
+    """Join the job's torch.distributed group (whatever launched it) and, on CUDA, take this local rank's GPU."""
+    info = backend.launch
+    addr, port = rendezvous.endpoint(info)
+    if backend.run.device == "cuda":
+        torch.cuda.set_device(info.local_rank)
+        backend.device = torch.device("cuda", info.local_rank)
+    dist.init_process_group(
+        dist_backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=backend.run.timeout),
+    )
+
+
 class DDPBackend(Backend[DDPConfig]):
     name = "ddp"
     options_type = DDPConfig
     launchers = (launch.TORCHRUN, launch.MPIRUN, launch.HOROVODRUN_MPI, launch.SRUN, launch.PYTHON)
 
     def init(self) -> None:
-        info = self.launch
-        addr, port = rendezvous.endpoint(info)
         self.dist_backend = self.options.dist_backend or ("nccl" if self.run.device == "cuda" else "gloo")
-        if self.run.device == "cuda":
-            torch.cuda.set_device(info.local_rank)
-            self.device = torch.device("cuda", info.local_rank)
-        dist.init_process_group(
-            self.dist_backend,
-            init_method=f"tcp://{addr}:{port}",
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=datetime.timedelta(seconds=self.run.timeout),
-        )
+        join_process_group(self, self.dist_backend)
 
     def shutdown(self) -> None:
         if dist.is_initialized():

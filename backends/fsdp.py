@@ -8,7 +8,6 @@ The process group, its rendezvous under every launcher and the harness's collect
 from __future__ import annotations
 
 import contextlib
-import datetime
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,10 +18,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from backends.ddp import DDPBackend
+from backends.ddp import DDPBackend, join_process_group
 from benchmarks.config import FSDPConfig
 from benchmarks.errors import InputError
-from benchmarks.launch import rendezvous
 
 BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
 
@@ -108,20 +106,9 @@ class FSDPBackend(DDPBackend):
         check_units(model, options)
 
     def init(self) -> None:
-        info = self.launch
-        addr, port = rendezvous.endpoint(info)
         self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
-        if self.run.device == "cuda":
-            torch.cuda.set_device(info.local_rank)
-            self.device = torch.device("cuda", info.local_rank)
-        dist.init_process_group(
-            self.dist_backend,
-            init_method=f"tcp://{addr}:{port}",
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=datetime.timedelta(seconds=self.run.timeout),
-        )
-        self.mesh = init_device_mesh(self.device.type, (info.world_size,))
+        join_process_group(self, self.dist_backend)
+        self.mesh = init_device_mesh(self.device.type, (self.launch.world_size,))
         self.units: list[str] = []
 
     def mixed_precision(self) -> MixedPrecisionPolicy:
