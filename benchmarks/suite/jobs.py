@@ -5,9 +5,9 @@ process, which decides what stops. On SIGINT or SIGTERM the running job's whole 
 same signal, then SIGKILL after `GRACE_S`; no new job starts, and the command writes what completed.
 A second signal during that clean-up kills the tree and exits at once.
 
-The tree is followed through /proc rather than by one process group: torchrun and horovodrun put each
-rank in a session of its own and mpirun each rank in a group of its own, so the job's group alone holds
-only the launcher, and a launcher killed first leaves its ranks training on under init.
+The tree is followed process by process (psutil) rather than by one process group: torchrun and
+horovodrun put each rank in a session of its own and mpirun each rank in a group of its own, so the job's
+group alone holds only the launcher, and a launcher killed first leaves its ranks training on under init.
 
 Imported by the parser of every `distbench` process: no torch, no analysis stack.
 """
@@ -26,6 +26,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+import psutil
+
 from benchmarks.errors import EXIT_INTERRUPTED
 
 GRACE_S = 5.0
@@ -37,20 +39,17 @@ KILL_WAIT_S = 5.0
 POLL_S = 0.25
 STARTUP_POLLS = 40
 """Polls (10 s) during which the tree is looked at every time; then every 2 s, which costs the measured
-runs next to nothing (a look reads every /proc/<pid>/stat, ~2 ms)."""
+runs next to nothing (a look lists every process, a few ms)."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _stat(pid: int) -> tuple[int, int, int] | None:
-    """(parent pid, process group, start time) of a live process; None once it is gone (or a zombie)."""
+def _started(pid: int) -> float | None:
+    """The start time of a live process; None once it is gone (or a zombie)."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc.create_time()
+    except psutil.Error:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    if fields[0] == "Z":
-        return None
-    return int(fields[1]), int(fields[2]), int(fields[19])
 
 
 class Tree:
@@ -59,28 +58,31 @@ class Tree:
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.known: dict[int, tuple[int, int]] = {}  # pid → (start time, process group)
+        self.known: dict[int, tuple[float, int]] = {}  # pid → (start time, process group)
         self.refresh()
 
     def refresh(self) -> None:
         children: dict[int, list[int]] = {}
-        stats = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-                stats[int(entry)] = stat
-                children.setdefault(stat[0], []).append(int(entry))
+        started: dict[int, float] = {}
+        for proc in psutil.process_iter(["ppid", "create_time", "status"]):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.info["create_time"] is not None:
+                started[proc.pid] = proc.info["create_time"]
+                children.setdefault(proc.info["ppid"], []).append(proc.pid)
         todo = [self.proc.pid, *self.known]
         while todo:
             pid = todo.pop()
-            stat = stats.get(pid)
-            if stat is None or self.known.get(pid, (stat[2],))[0] != stat[2]:
+            start = started.get(pid)
+            if start is None or self.known.get(pid, (start,))[0] != start:
                 continue  # gone, or the pid now belongs to another process
             if pid not in self.known:
-                self.known[pid] = (stat[2], stat[1])
+                try:
+                    self.known[pid] = (start, os.getpgid(pid))
+                except OSError:
+                    continue  # gone since the listing
             todo += [c for c in children.get(pid, []) if c not in self.known]
 
     def alive(self) -> list[int]:
-        return [pid for pid, (start, _) in self.known.items() if (s := _stat(pid)) is not None and s[2] == start]
+        return [pid for pid, (start, _) in self.known.items() if _started(pid) == start]
 
     def signal(self, signum: int) -> None:
         """`signum` to every live process of the job and to the groups they lead (a rank's loader workers)."""
