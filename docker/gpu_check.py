@@ -2,11 +2,12 @@
 
 Run from the repository root with gpu-bundle/ present (`make gpu-bundle` on a machine with a registry).
 It installs the bundled wheel into this Python (no dependencies, no index), then runs each check with its
-own timeout inside one budget: doctor; `single` and 1-rank DDP (NCCL, torchrun) runs of cnn and
-gpt2-small on CUDA; the harness against a hand-written loop of the same model and batches
-(docker/gpu_raw_loop.py); `distbench allreduce --impl torch --device cuda`; the CUDA peak memory;
-`distbench check` over everything; last, time-boxed and not fatal, Horovod built with NCCL from the
-bundled sdist and a 1-rank Horovod run. Results, logs and summary.md go under one folder.
+own timeout inside one budget: doctor; `single`, 1-rank DDP and 1-rank FSDP2 (NCCL, torchrun) runs of
+cnn and gpt2-small on CUDA, FSDP2's speed and CUDA peak beside DDP's; the harness against a hand-written
+loop of the same model and batches (docker/gpu_raw_loop.py); `distbench allreduce --impl torch --device
+cuda`; the CUDA peak memory; `distbench check` over everything; last, time-boxed and not fatal, Horovod
+built with NCCL from the bundled sdist and a 1-rank Horovod run. Results, logs and summary.md go under
+one folder.
 
 Exit 0 when every required check passed, 1 when one failed, 2 without a CUDA device or a usable bundle.
 """
@@ -271,6 +272,19 @@ def memory(c: Check, wname: str, pair: dict) -> None:
     c.add(f"memory-{wname}", "pass" if ok else "fail", detail, peak_mb=peak, raw_peak_mb=theirs)
 
 
+def sharded_beside_ddp(c: Check, wname: str, pair: dict[str, dict]) -> None:
+    """FSDP2's throughput and CUDA peak beside DDP's (reported, not required: at one rank FSDP2 shards over
+    one device, so what this shows is its extra work, not the memory sharding saves at W ranks)."""
+    ddp, fsdp = pair.get("ddp", {}), pair.get("fsdp", {})
+    if not ddp or not fsdp:
+        return  # the failed run has its own row
+    speed = number(fsdp.get("samples_per_s")) / number(ddp.get("samples_per_s"))
+    peaks = [number(row.get("cuda_max_allocated_mb_max")) for row in (fsdp, ddp)]
+    detail = f"fsdp {speed:.2f}x DDP's samples/s; CUDA peak {peaks[0]:.0f} vs {peaks[1]:.0f} MiB (fsdp vs ddp)"
+    c.add(f"fsdp-vs-ddp-{wname}", "pass", detail, False, speed_ratio=speed, fsdp_peak_mb=peaks[0],
+          ddp_peak_mb=peaks[1])  # fmt: skip
+
+
 def allreduce(c: Check, gpus: int) -> None:
     ranks = min(2, gpus)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
@@ -329,7 +343,9 @@ def steps(c: Check, facts: dict) -> None:
         memory(c, workload[0], pair)
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
     for workload, timeout in ((CNN, 90), (GPT2, 120)):
-        distbench_run(c, f"ddp-{workload[0]}", "ddp", workload, workload[3], timeout, launcher=torchrun)
+        pair = {b: distbench_run(c, f"{b}-{workload[0]}", b, workload, workload[3], timeout, launcher=torchrun)
+                for b in ("ddp", "fsdp")}  # fmt: skip
+        sharded_beside_ddp(c, workload[0], pair)
     allreduce(c, facts["gpus"])
     dirs = [d for d in ("runs", "allreduce") if (c.out / d).is_dir()]
     rc, text = c.run("check", [sys.executable, "-m", "benchmarks.cli", "check", *dirs], 90)

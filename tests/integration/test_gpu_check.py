@@ -51,7 +51,7 @@ def test_every_gpu_check_step_runs_and_is_read_on_cpu(tmp_path, monkeypatch, hor
     expected_failures = {"doctor", "memory-cnn", "memory-transformer"}
     assert {n for n, s in status.items() if s == "fail"} == expected_failures, status
     for name in ("install", "single-cnn-1", "single-cnn-2", "single-transformer-1", "ddp-cnn", "ddp-transformer",
-                 "allreduce", "check"):  # fmt: skip
+                 "fsdp-cnn", "fsdp-transformer", "fsdp-vs-ddp-cnn", "allreduce", "check"):  # fmt: skip
         assert status[name] == "pass", (name, status)
     ratio = next(r for r in summary["results"] if r["name"] == "ratio-cnn")
     assert ratio["status"] in ("pass", "warn") and ratio["numbers"]["ratio"] > 0
