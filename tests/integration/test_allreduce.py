@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.analysis import collectives
-from tests.conftest import BIN, REPO, horovodrun, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import BIN, REPO, horovodrun, mpirun, run_cmd, run_ok, torchrun
 
 SIZES = ["--sizes", "4,4K,256K", "--iters", "5", "--warmup", "1", "--quiet", "--timeout", "60"]
 # impl → (launcher prefix, the exit code that launcher passes on for ranks exiting 1)

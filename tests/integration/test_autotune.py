@@ -1,4 +1,4 @@
-"""Issue 27 item 3 under horovodrun --gloo: `run --backend horovod --autotune` logs Horovod's autotuner into the
+"""Autotuning under horovodrun --gloo: `run --backend horovod --autotune` logs Horovod's autotuner into the
 run directory and records what it settled on; a warm-up too short for its search is refused before any job.
 
 Horovod's own defaults need 4437 steps on a CPU build (backends/horovod_autotune.py); the autotuner's exported
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.conftest import horovodrun, run_cmd, run_ok
+from tests.helpers import horovodrun, run_cmd, run_ok
 
 SMALL = {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1",
          "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "1"}  # fmt: skip

@@ -12,88 +12,69 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, REPO, horovodrun, mpirun, run_cmd, torchrun
+from tests.helpers import BAD_INPUT_LAUNCHERS, BAD_INPUT_RUN, CLI, no_rank_traceback, our_lines, run_cmd, torchrun
 
-TINY = ["--workload", "linear", "--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1", "--quiet",
-        "--flush-every", "2", "--timeout", "20"]  # fmt: skip
-# launcher → (command prefix, backend, the exit code that launcher passes on for ranks exiting 2)
-LAUNCHERS = {
-    "torchrun": (lambda: torchrun(2), "ddp", 1),
-    "horovodrun": (lambda: horovodrun(2, "--gloo"), "horovod", 1),
-    "mpirun": (lambda: mpirun(2), "ddp", 2),
-}
 BAD = {
     "checked before torch": (["--lr", "0"], "--lr must be a positive number"),
     "checked with the data": (["--train-size", "50", "--batch-size", "64"], "lower --batch-size"),
 }
 
 
-def _our_lines(output: str) -> list[str]:
-    # horovodrun prefixes each rank's lines with "[N]<stderr>:".
-    return [line for line in output.splitlines() if "distbench: error:" in line]
-
-
-def _no_rank_traceback(output: str) -> None:
-    """A launcher may print a traceback of its own; none may come from a rank running distbench."""
-    assert f'File "{REPO / "benchmarks"}' not in output and f'File "{REPO / "backends"}' not in output, output
-    assert not re.search(r"\[rank\d+\]:\s*Traceback|Terminated: terminated by SIGTERM", output), output
-
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("bad", list(BAD))
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+@pytest.mark.parametrize("launcher", list(BAD_INPUT_LAUNCHERS))
 def test_bad_input_under_a_launcher_is_said_once(tmp_path, launcher: str, bad: str, horovod_available) -> None:
-    prefix, backend, code = LAUNCHERS[launcher]
+    prefix, backend, code = BAD_INPUT_LAUNCHERS[launcher]
     args, message = BAD[bad]
-    proc = run_cmd([*prefix(), "run", "--backend", backend, *TINY, *args, "--out", str(tmp_path)], timeout=130)
+    proc = run_cmd([*prefix(), "run", "--backend", backend, *BAD_INPUT_RUN, *args, "--out", str(tmp_path)], timeout=130)
     output = proc.stdout + proc.stderr
-    lines = _our_lines(output)
+    lines = our_lines(output)
     assert len(lines) == 1 and message in lines[0], output
     assert proc.returncode == code, output
     assert re.search(r"exit ?code:?\s+2\b|status code 2\b", output, re.IGNORECASE), output  # the launcher saw 2
-    _no_rank_traceback(output)
+    no_rank_traceback(output)
     assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.timeout(150)
 def test_a_run_failing_mid_way_says_its_error_once_with_the_run_directory(tmp_path) -> None:
-    cmd = [*torchrun(2), "run", "--backend", "ddp", *TINY, "--out", str(tmp_path), "--run-id", "r",
+    cmd = [*torchrun(2), "run", "--backend", "ddp", *BAD_INPUT_RUN, "--out", str(tmp_path), "--run-id", "r",
            "--inject-fault", "exception@3:1"]  # fmt: skip
     proc = run_cmd(cmd, timeout=130)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
-    lines = _our_lines(output)
+    lines = our_lines(output)
     assert len(lines) == 1, output
     assert "run failed on rank 1: InjectedFault: injected exception at step 3 on rank 1" in lines[0]
     assert str(tmp_path / "r" / "run.json") in lines[0]
-    _no_rank_traceback(output)
+    no_rank_traceback(output)
     assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.timeout(120)
 def test_ddp_without_a_launcher_says_it_runs_one_rank(tmp_path) -> None:
     notice = "no launcher detected: 1 rank; use torchrun/mpirun/horovodrun for more"
-    proc = run_cmd([*CLI, "run", "--backend", "ddp", *TINY, "--out", str(tmp_path)], timeout=100)
+    proc = run_cmd([*CLI, "run", "--backend", "ddp", *BAD_INPUT_RUN, "--out", str(tmp_path)], timeout=100)
     assert proc.returncode == 0 and proc.stderr.splitlines().count(notice) == 1, proc.stderr
     assert json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "run.json").read_text())["world_size"] == 1
-    proc = run_cmd([*CLI, "run", "--backend", "single", *TINY, "--out", str(tmp_path)], timeout=100)
+    proc = run_cmd([*CLI, "run", "--backend", "single", *BAD_INPUT_RUN, "--out", str(tmp_path)], timeout=100)
     assert proc.returncode == 0 and notice not in proc.stderr
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+@pytest.mark.parametrize("launcher", list(BAD_INPUT_LAUNCHERS))
 def test_an_existing_run_directory_is_refused_and_left_alone(tmp_path, launcher: str, horovod_available) -> None:
     """Refused before any rank joins a job: Horovod used to hang here, and notes landed in the old run."""
-    prefix, backend, code = LAUNCHERS[launcher]
+    prefix, backend, code = BAD_INPUT_LAUNCHERS[launcher]
     existing = tmp_path / "dup"
     existing.mkdir()
     (existing / "run.json").write_text('{"keep": true}')
-    proc = run_cmd([*prefix(), "run", "--backend", backend, *TINY, "--out", str(tmp_path), "--run-id", "dup"],
+    proc = run_cmd([*prefix(), "run", "--backend", backend, *BAD_INPUT_RUN, "--out", str(tmp_path), "--run-id", "dup"],
                    timeout=130)  # fmt: skip
     output = proc.stdout + proc.stderr
-    lines = _our_lines(output)
+    lines = our_lines(output)
     assert len(lines) == 1 and "already exists; choose another --run-id or pass --overwrite" in lines[0], output
     assert proc.returncode == code, output
-    _no_rank_traceback(output)
+    no_rank_traceback(output)
     assert sorted(p.name for p in existing.iterdir()) == ["run.json"]
     assert (existing / "run.json").read_text() == '{"keep": true}'

@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import catalog
-from tests.conftest import BIN, REPO, run_cmd, run_ok
-from tests.unit.test_compare_workload_defaults import BARS
+from tests.helpers import BARS, BIN, REPO, run_cmd, run_ok
 
 COMPARE = [str(BIN / "distbench"), "compare", "--quiet"]
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.run import recorder as results
-from tests.conftest import BIN, CLI, REPO, horovodrun, read_run, run_ok, torchrun
+from tests.helpers import BIN, CLI, REPO, horovodrun, read_run, run_ok, torchrun
 
 STEPS = ["--epochs", "1", "--steps-per-epoch", "20", "--seed", "7", "--quiet"]
 

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import BIN, CLI, REPO, horovodrun, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import BIN, CLI, REPO, horovodrun, mpirun, run_cmd, run_ok, torchrun
 
 # The tutorial way: data made at import with an unseeded torch.randn, so every process has its own.
 TUTORIAL = textwrap.dedent("""

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.analysis import check
-from tests.conftest import CLI, mpirun, read_run, run_cmd, run_ok, torchrun
-from tests.unit.test_workloads import TINY_GPT2
+from tests.helpers import CLI, TINY_GPT2, mpirun, read_run, run_cmd, run_ok, torchrun
 
 STEPS = ["--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1", "--seed", "3", "--quiet",
          "--compute-baseline-steps", "2", "--train-size", "128", "--val-size", "32"]  # fmt: skip

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.analysis import check, load
-from tests.conftest import BIN, REPO, launcher_env, torchrun
+from tests.helpers import BIN, REPO, launcher_env, torchrun
 
 DISK_FULL = ("No space left on device", "File too large")
 

@@ -21,8 +21,7 @@ import backends
 from benchmarks import launch
 from benchmarks.config import RunConfig
 from benchmarks.run import workloads
-from tests.conftest import BIN, REPO, horovodrun, read_run, run_ok, torchrun
-from tests.unit.test_trainer import reference_train_losses
+from tests.helpers import BIN, REPO, horovodrun, read_run, reference_train_losses, run_ok, torchrun
 
 PROBE = str(REPO / "tests" / "integration" / "test_guarantees.py")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, torchrun
+from tests.helpers import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, torchrun
 
 TINY = ["--workload", "linear", "--epochs", "30", "--warmup-steps", "1", "--compute-baseline-steps", "0", "--quiet"]
 GONE_WITHIN_S = 15

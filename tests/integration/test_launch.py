@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.launch import rendezvous
-from tests.conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
 
 TINY = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "4", "--warmup-steps", "1", "--quiet"]
 

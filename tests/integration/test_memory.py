@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.analysis import check
 from benchmarks.run import recorder as results
-from tests.conftest import run_ok, torchrun
+from tests.helpers import run_ok, torchrun
 from tests.integration.ballast_workload import BALLAST_MB
 
 ARGS = ["run", "--backend", "ddp", "--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1",

@@ -1,4 +1,4 @@
-"""Issues 24 (item 1) and 27 (items 1-2) under real launchers: the same CPU placement for every variant, and
+"""Placement and the environment under real launchers: the same CPU placement for every variant, and
 the environment recorded and never silently overridden (docs/fairness.md).
 
 Each job is started the way `compare` starts it (`variants.jobs_for(...).command`, OMP_NUM_THREADS as compare
@@ -16,7 +16,7 @@ from benchmarks.config import RunConfig
 from benchmarks.launch import placement
 from benchmarks.launch.variants import BY_NAME
 from benchmarks.suite import variants
-from tests.conftest import CLI, horovodrun, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import CLI, horovodrun, mpirun, run_cmd, run_ok, torchrun
 
 TINY = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "3", "--warmup-steps", "1", "--quiet",
         "--compute-baseline-steps", "0", "--val-size", "64"]  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.analysis import check
 from benchmarks.run import faults
-from tests.conftest import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
 
 TIMEOUT = 10
 MARGIN = 45  # start-up of two ranks (torch, Horovod) and the launcher's own shutdown on 2 busy cores

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.analysis import load, tables
-from tests.conftest import BIN, run_ok
+from tests.helpers import BIN, run_ok
 
 TINY = ["--workload", "linear", "--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1", "--train-size", "512",
         "--val-size", "64", "--batch-size", "8", "--quiet"]  # fmt: skip

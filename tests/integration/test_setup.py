@@ -11,7 +11,7 @@ import time
 import pytest
 
 from benchmarks.cli import build_parser
-from tests.conftest import BIN, CLI, REPO, run_cmd, run_ok
+from tests.helpers import BIN, CLI, REPO, run_cmd, run_ok
 
 
 @pytest.mark.timeout(120)

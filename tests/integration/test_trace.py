@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.analysis import check, timeline
 from benchmarks.run import recorder as results
-from tests.conftest import horovodrun, run_ok, torchrun
+from tests.helpers import horovodrun, run_ok, torchrun
 
 ARGS = ["run", "--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "25", "--quiet"]
 ARGS += ["--trace", "--trace-steps", "3"]

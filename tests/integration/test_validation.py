@@ -1,4 +1,4 @@
-"""Distributed validation under real launchers (issue 20): `compare --val-strategy` at 2 and 3 ranks with
+"""Distributed validation under real launchers: `compare --val-strategy` at 2 and 3 ranks with
 1001 validation samples, `compare --eval-only --nproc 1,2`, and bad input said once under every launcher.
 
 Timing on 2 shared cores is noise, so "no speed-up" is asserted on what bounds a validation's time — the
@@ -17,8 +17,7 @@ import torch
 
 from benchmarks.analysis import evaluation, load, tables
 from benchmarks.run import sharding, workloads
-from tests.conftest import CLI, run_cmd, run_ok
-from tests.integration.test_bad_input import LAUNCHERS, TINY, _no_rank_traceback, _our_lines
+from tests.helpers import BAD_INPUT_LAUNCHERS, BAD_INPUT_RUN, CLI, no_rank_traceback, our_lines, run_cmd, run_ok
 
 N = 1001
 STRATEGIES = "exact,sampler,replicated,rank0"
@@ -100,17 +99,17 @@ def test_compare_3_ranks_every_strategy_trains_alike_and_reports_its_own_loss(tm
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+@pytest.mark.parametrize("launcher", list(BAD_INPUT_LAUNCHERS))
 def test_an_unknown_strategy_is_said_once_under_every_launcher(tmp_path: Path, launcher: str,
                                                                horovod_available) -> None:  # fmt: skip
-    prefix, backend, code = LAUNCHERS[launcher]
-    proc = run_cmd([*prefix(), "run", "--backend", backend, *TINY, "--val-strategy", "shuffled",
+    prefix, backend, code = BAD_INPUT_LAUNCHERS[launcher]
+    proc = run_cmd([*prefix(), "run", "--backend", backend, *BAD_INPUT_RUN, "--val-strategy", "shuffled",
                     "--out", str(tmp_path)], timeout=130)  # fmt: skip
     output = proc.stdout + proc.stderr
-    lines = _our_lines(output)
+    lines = our_lines(output)
     assert len(lines) == 1 and "--val-strategy 'shuffled' is not one of exact, sampler" in lines[0], output
     assert proc.returncode == code, output
-    _no_rank_traceback(output)
+    no_rank_traceback(output)
     assert not any(tmp_path.iterdir())
 
 
@@ -126,6 +125,6 @@ def test_an_unknown_strategy_is_said_once_under_every_launcher(tmp_path: Path, l
 )
 def test_compare_refuses_bad_validation_options_before_any_job(tmp_path: Path, args: list[str], message: str) -> None:
     proc = run_cmd([*CLI, "compare", "--backends", "ddp", *SHORT, *args, "--out", str(tmp_path)], timeout=130)
-    lines = _our_lines(proc.stderr)
+    lines = our_lines(proc.stderr)
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     assert not any(tmp_path.iterdir())

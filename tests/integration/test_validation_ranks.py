@@ -1,5 +1,5 @@
 """Distributed validation on 2- and 3-rank gloo groups (torch.multiprocessing, DDP): every --val-strategy
-held against one process evaluating the saved model (issue 20), on linear (1001 validation samples, whose
+held against one process evaluating the saved model, on linear (1001 validation samples, whose
 per-sample losses differ), a Dataset workload through its DataLoader, and an `hf:` model."""
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from benchmarks.config import DDPConfig, RunConfig
 from benchmarks.launch import TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import recorder as results
 from benchmarks.run import workloads
-from tests.unit.test_trainer import config
-from tests.unit.test_validation import fit
-from tests.unit.test_workloads import TINY_GPT2
+from tests.helpers import TINY_GPT2, config, fit
 
 STRATEGIES = options.VAL_STRATEGIES
 N = 1001

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.analysis import context, load, tables, terminal
-from tests.unit.test_report import make_run
+from tests.helpers import make_run
 
 ONE_RANK = [[0.1, 0.1, 0.1]]
 PRINT = {"train": {"sha256": "t0", "items": "all"}, "val": {"sha256": "v0", "items": "all"},

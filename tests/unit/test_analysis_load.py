@@ -1,4 +1,4 @@
-"""Issue 9 items 6 and 7: unique run keys across comparisons, nested directories, no mixed ratios,
+"""Loading results: unique run keys across comparisons, nested directories, no mixed ratios,
 scaling against each backend's own baseline."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.analysis import load, report, tables, terminal
 from benchmarks.cli import main
-from tests.unit.test_report import make_run
+from tests.helpers import make_run
 
 ONE_RANK, TWO_RANKS = [[1.0, 0.1, 0.1]], [[1.0, 0.1, 0.1], [1.0, 0.1, 0.1]]
 

@@ -1,22 +1,12 @@
-"""Issue 9 items 5 and 11: validation compared and explained; a report that says what was compared and
-where a failed backend's error is."""
+"""The report: validation compared across backends and a difference explained by the knob behind it; a report that
+opens with the decision, says what was compared and where a failed backend's error is."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.analysis import context, load, report, tables, terminal
-from tests.unit.test_report import make_run
-
-ONE_RANK = [[1.0, 0.1, 0.1]]
-CONFIG = {"batch_size": 10, "accumulate": 1, "warmup_steps": 1, "lr": 0.1}
-DDP = {"knobs": {"broadcast_buffers": True, "bucket_cap_mb": 25.0, "dist_backend": "gloo"},
-       "versions": {"torch": "2.13", "python": "3.10"}, "model_parameters": 1234,
-       "config": {**CONFIG, "out": "x", "run_id": "y"}}  # fmt: skip
-HOROVOD = {"knobs": {"broadcast_buffers": False, "fusion_threshold_mb": 128.0, "controller": "gloo"},
-           "versions": {"torch": "2.13", "python": "3.10", "horovod": "0.28"}, "model_parameters": 1234,
-           "launcher": "horovodrun", "launcher_detail": "gloo",
-           "config": {**CONFIG, "out": "z", "run_id": "w"}}  # fmt: skip
+from tests.helpers import DDP, HOROVOD, ONE_RANK, make_run
 
 
 def test_validation_difference_is_shown_and_the_knob_named(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""Issue 9 item 3: no interval from fewer than 3 runs, no negative bound, warnings for short runs."""
+"""Statistics' guards: no interval from fewer than 3 runs, no negative bound, warnings for short runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.analysis import load, report, stats, tables, terminal
-from tests.unit.test_report import make_run
+from tests.helpers import make_run
 
 ONE_RANK = [[1.0, 0.1, 0.1]]  # warm-up then 2 timed steps of 10 samples: 20 samples ÷ wall
 

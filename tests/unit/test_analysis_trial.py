@@ -14,7 +14,7 @@ import pytest
 from benchmarks.analysis import load, report, tables, terminal
 from benchmarks.cli import main
 from benchmarks.run import recorder as results
-from tests.unit.test_report import make_run
+from tests.helpers import make_run
 
 ONE_RANK, TWO_RANKS = [[1.0, 0.1, 0.1]], [[1.0, 0.1, 0.1], [1.0, 0.1, 0.1]]
 

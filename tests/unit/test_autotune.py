@@ -1,4 +1,4 @@
-"""Issue 27 item 3: Horovod's autotuner, its minimum of steps and its log (backends/horovod_autotune.py)."""
+"""Horovod's autotuner: its minimum of steps and its log (backends/horovod_autotune.py)."""
 
 from __future__ import annotations
 
@@ -90,8 +90,7 @@ def test_tune_finish_sets_the_autotuned_run_beside_default_and_grid_best(tmp_pat
     and the autotune row names what the autotuner settled on."""
     from benchmarks.config import RunConfig
     from benchmarks.suite import compare, tune, variants
-    from tests.unit.test_report import make_run
-    from tests.unit.test_tune_rule import BEYOND_NOISE, DEFAULT, WITHIN_NOISE
+    from tests.helpers import BEYOND_NOISE, DEFAULT, WITHIN_NOISE, make_run
 
     [v] = variants.parse("horovod@gloo")
     settled = at.read_log(write_log(tmp_path / "log.csv", ROWS), expected_scores=2)

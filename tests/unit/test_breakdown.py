@@ -13,7 +13,7 @@ import torch
 
 from benchmarks.analysis import check, timeline
 from benchmarks.run import recorder as results
-from tests.unit.test_trainer import config, fit, single_backend
+from tests.helpers import config, fit, single_backend
 
 META = {"run_id": "r", "backend": "ddp", "world_size": 2, "workload": "mlp", "global_batch": 64}
 

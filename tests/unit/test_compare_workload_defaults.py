@@ -8,10 +8,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import catalog, cli
-
-# (what to read from the last validation row, the bar it must clear): chance is 10 % for the 10-class
-# sets and ~0.2 % for the transformer's 512 tokens; linear starts near MSE 7 with noise floor 0.01.
-BARS = {"linear": ("loss", 0.1), "mlp": ("accuracy", 0.5), "cnn": ("accuracy", 0.3), "transformer": ("accuracy", 0.1)}
+from tests.helpers import BARS
 
 
 def test_every_builtin_workload_has_a_bar() -> None:

@@ -21,7 +21,7 @@ from benchmarks.config import DDPConfig, RunConfig
 from benchmarks.launch import TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import BASELINE_WARMUP_STEPS, Trainer
-from tests.unit.test_trainer import config, fit
+from tests.helpers import config, fit
 
 DELAY_S = 0.05
 """Slept in the comm hook before each gradient allreduce (the mlp's gradients fit in one bucket: once a step)."""

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.analysis import decision, decision_words, load, tables
-from tests.unit.test_report import make_run
+from tests.helpers import make_run
 
 BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
 

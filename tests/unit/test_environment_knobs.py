@@ -1,4 +1,4 @@
-"""Issues 24 (item 1) and 27 (items 1-2): placement and the environment, recorded and never silently overridden.
+"""CPU placement and the environment: threads and core binding, variables recorded and never silently overridden.
 
 The rules in words are docs/fairness.md's; these tests hold the code to them without starting a launcher
 (tests/integration/test_placement.py does, under each one).
@@ -17,7 +17,7 @@ from benchmarks.errors import InputError
 from benchmarks.launch import placement
 from benchmarks.launch.variants import BY_NAME
 from benchmarks.suite import variants
-from tests.unit.test_report import make_run
+from tests.helpers import make_run
 
 MPIRUN_ENV = {
     "OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_MCA_ess_base_vpid": "0",

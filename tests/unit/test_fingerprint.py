@@ -12,8 +12,7 @@ from torch.utils.data import Dataset
 from benchmarks.analysis import load, tables
 from benchmarks.errors import InputError
 from benchmarks.run import fingerprint
-from tests.unit.test_analysis_report import DDP, HOROVOD, ONE_RANK
-from tests.unit.test_report import make_run
+from tests.helpers import DDP, HOROVOD, ONE_RANK, make_run
 
 
 class Rows(Dataset):

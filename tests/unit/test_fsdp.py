@@ -24,9 +24,8 @@ from benchmarks.errors import InputError
 from benchmarks.launch import TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import workloads
 from benchmarks.run.trainer import BASELINE_WARMUP_STEPS, Trainer
-from tests.unit.test_trainer import config, fit, single_backend
+from tests.helpers import TINY_GPT2, config, fit, single_backend
 
-TINY_GPT2 = "hf:GPT2Config:n_layer=2,n_embd=64,n_head=2,vocab_size=256,context=16"
 MLP = {"workload": "mlp", "epochs": 1, "steps_per_epoch": 6, "warmup_steps": 1, "compute_baseline_steps": 3}
 CURVES = {  # name: the run's options at 2 ranks (single gets the same global batch)
     "sgd": {**MLP, "batch_size": 8},
@@ -251,7 +250,7 @@ def test_each_rank_holds_a_wth_of_the_state(request, world: int) -> None:
 
 def test_the_fsdp_grid_goes_through_tunes_grid_rule() -> None:
     from benchmarks.suite import tune
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     grid = tune.load_grid(str(REPO / "benchmarks" / "grids" / "fsdp.toml"))
     assert grid["fsdp"] == {"fsdp_units": ["auto", "root"], "reshard_after_forward": [True, False]}

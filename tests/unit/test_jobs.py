@@ -114,7 +114,7 @@ def test_a_run_that_completed_as_the_signal_came_counts_as_completed(tmp_path) -
     """The launcher may die of the signal after its ranks finished: the run is whole, the exit code is ours."""
     from benchmarks.cli import build_parser
     from benchmarks.suite import compare, variants
-    from tests.unit.test_report import make_run
+    from tests.helpers import make_run
 
     make_run(tmp_path, "ddp-r0", "ddp", [[0.1, 0.1, 0.1]], wall=1.0)
     cfg, _ = compare.effective_config(build_parser().parse_args(["compare", "--workload", "linear"]))

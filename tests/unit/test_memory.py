@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 from benchmarks.analysis import check, load, tables
 from benchmarks.run import memory
 from benchmarks.run import recorder as results
+from tests.helpers import config, fit, single_backend
 from tests.integration.ballast_workload import BALLAST_MB
-from tests.unit.test_trainer import config, fit, single_backend
 
 CPU = torch.device("cpu")
 # The measure must see the allocation and little else: a few MiB of allocator and interpreter noise.

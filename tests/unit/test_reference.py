@@ -11,7 +11,7 @@ from benchmarks.analysis import check, load
 from benchmarks.cli import main
 from benchmarks.run import recorder as results
 from benchmarks.suite.compare import COMPARISON_COLUMNS
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 REFERENCE = REPO / "results" / "reference"
 COMPARES = sorted(p.parent for p in REFERENCE.glob("*/comparison.csv"))

@@ -10,56 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.analysis import load, report, stats, tables, terminal
-from benchmarks.run import recorder as results
-from tests.conftest import REPO
-
-
-def make_run(
-    root: Path,
-    run_id: str,
-    backend: str,
-    step_s: list[list[float]],
-    wall: float,
-    losses: list[float] | None = None,
-    samples: int = 10,
-    warmup: int = 1,
-    val: list[float] | None = None,
-    meta: dict | None = None,
-    status: str = "completed",
-) -> Path:
-    """A real run directory: step_s[rank][i] is rank's time for step i+1; the first `warmup` are warm-up.
-
-    `val` adds one validation row per value (at the last step); `meta` adds or overrides run.json keys.
-    """
-    world = len(step_s)
-    meta = {"run_id": run_id, "backend": backend, "launcher": "torchrun", "world_size": world,
-            "workload": "synthetic", "global_batch": samples * world, "threads": 1, **(meta or {})}  # fmt: skip
-    rec = results.Recorder(root / run_id, meta)
-    timing = [
-        {"run_id": run_id, "backend": backend, "world_size": world, "rank": r, "epoch": 1, "step": i + 1,
-         "warmup": i < warmup, "samples": samples, "data_s": 0.0, "forward_s": t / 2, "backward_s": t / 2,
-         "optimizer_s": 0.0, "step_s": t}
-        for i in range(len(step_s[0])) for r, times in enumerate(step_s) for t in [times[i]]
-    ]  # fmt: skip
-    loss = [
-        {"run_id": run_id, "backend": backend, "world_size": world, "epoch": 1, "step": i + 1, "split": "train",
-         "loss": v, "accuracy": None, "samples": samples * world}
-        for i, v in enumerate(losses or [1.0] * len(step_s[0]))
-    ]  # fmt: skip
-    loss += [
-        {"run_id": run_id, "backend": backend, "world_size": world, "epoch": 1, "step": len(step_s[0]),
-         "split": "val", "loss": v, "accuracy": 0.5, "samples": 100, "val_pass": 1, "val_s": 0.01,
-         "val_samples_per_s": 100 / 0.01, "val_exact_loss": v}
-        for v in val or []
-    ]  # fmt: skip
-    rec.timing(timing)
-    rec.loss(loss)
-    if status == "completed":
-        rec.summary(wall)
-        rec.finish("completed", timed_wall_s=wall)
-    else:
-        rec.finish(status, error=f"{backend} exploded", failed_rank=0)
-    return root / run_id
+from tests.helpers import REPO, make_run
 
 
 def test_per_run_statistics_match_hand_computed_values(tmp_path) -> None:
@@ -163,7 +114,7 @@ def test_report_files_embed_their_images(tmp_path) -> None:
 
 @pytest.mark.timeout(120)
 def test_report_command_on_the_reference_comparison(tmp_path) -> None:
-    from tests.conftest import BIN, run_ok
+    from tests.helpers import BIN, run_ok
 
     proc = run_ok([str(BIN / "distbench"), "report", str(REPO / "results/reference/2026-12-01-cpu-2core"),
                    "--out", str(tmp_path), "--format", "html"])  # fmt: skip

@@ -13,22 +13,17 @@ import pandas as pd
 import pytest
 import torch
 import torch.multiprocessing as mp
-from torch.utils.data import DistributedSampler
 
 from backends.ddp import DDPBackend
 from backends.single import SingleBackend
 from benchmarks.config import DDPConfig, NoOptions, RunConfig
 from benchmarks.launch import PYTHON, TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import recorder as results
-from benchmarks.run import sharding, workloads
+from benchmarks.run import workloads
 from benchmarks.run.trainer import BASELINE_WARMUP_STEPS, VALIDATION_BUFFERS, Trainer
+from tests.helpers import config, fit, reference_train_losses, single_backend
 
-SMALL = {"train_size": 256, "val_size": 64, "quiet": True}
 WINDOWS = [(10, 1), (10, 2), (3, 4), (0, 3)]  # (--warmup-steps, --flush-every)
-
-
-def config(**fields: Any) -> RunConfig:
-    return workloads.resolve(RunConfig(**{**SMALL, **fields}))
 
 
 def window_config(warmup: int, flush_every: int) -> RunConfig:
@@ -36,31 +31,6 @@ def window_config(warmup: int, flush_every: int) -> RunConfig:
     return config(
         workload="mlp", epochs=2, steps_per_epoch=8, batch_size=8, warmup_steps=warmup, flush_every=flush_every
     )
-
-
-def open_recorder(run_dir: Path, cfg: RunConfig, world_size: int) -> results.Recorder:
-    """A run directory whose run.json `distbench check` accepts (a DDP run under torchrun, as it says)."""
-    meta = {"run_id": run_dir.name, "backend": "ddp", "launcher": TORCHRUN, "world_size": world_size,
-            "workload": cfg.workload, "global_batch": cfg.batch_size * world_size}  # fmt: skip
-    return results.Recorder(run_dir, meta)
-
-
-def fit(backend: Any, cfg: RunConfig, run_dir: Path | None, trainer_cls: type[Trainer] = Trainer) -> Trainer:
-    """What the harness does with a backend: build a Trainer, fit, write summary.csv and run.json."""
-    workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
-    recorder = open_recorder(run_dir, cfg, backend.world_size) if run_dir is not None else None
-    trainer = trainer_cls(backend, workload, cfg, recorder)
-    trainer.fit()
-    if recorder is not None:
-        recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
-        recorder.finish("completed")
-    return trainer
-
-
-def single_backend(cfg: RunConfig) -> SingleBackend:
-    backend = SingleBackend(cfg, NoOptions(), LaunchInfo(launcher=PYTHON))
-    backend.init()
-    return backend
 
 
 def assert_window_holds_the_timed_steps(run_dir: Path, straddle: float = 0.0) -> None:
@@ -152,28 +122,6 @@ def test_no_collective_inside_a_step_and_none_per_step(tmp_path) -> None:
 
 
 # --- the epoch reaches the sampler ----------------------------------------------------------------
-
-
-def reference_train_losses(cfg: RunConfig) -> list[float]:
-    """A plain single-process loop (DistributedSampler with set_epoch, SGD momentum 0.9): each step's loss."""
-    workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
-    sharding.seed_everything(cfg.seed)
-    model = workload.build_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    x, y = workload.train
-    losses = []
-    for epoch in range(cfg.epochs):
-        sampler = DistributedSampler(range(len(x)), num_replicas=1, rank=0, shuffle=True, seed=cfg.seed)
-        sampler.set_epoch(epoch)
-        order = list(sampler)
-        for step in range(cfg.steps_per_epoch or len(x) // cfg.batch_size):
-            index = torch.tensor(order[step * cfg.batch_size : (step + 1) * cfg.batch_size])
-            loss = workload.loss(model(x[index]), y[index]).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    return losses
 
 
 def test_each_epoch_trains_on_its_own_shuffle(tmp_path) -> None:

@@ -7,7 +7,7 @@ import pytest
 from benchmarks import cli
 from benchmarks.errors import InputError
 from benchmarks.suite import tune
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 GRIDS = REPO / "benchmarks" / "grids"
 

@@ -12,11 +12,8 @@ import pytest
 from benchmarks.analysis import stats
 from benchmarks.config import RunConfig
 from benchmarks.suite import compare, tune, variants
-from tests.unit.test_report import make_run
+from tests.helpers import BEYOND_NOISE, DEFAULT, WITHIN_NOISE, make_run
 
-DEFAULT = [100.0, 104.0, 96.0, 100.0]  # samples/s of the default's final runs
-WITHIN_NOISE = [103.0, 112.0, 98.0, 108.0]  # gain 1.05×, interval about 0.96–1.15: includes 1
-BEYOND_NOISE = [115.0, 118.0, 112.0, 116.0]  # gain 1.15×, interval about 1.10–1.21: wholly above 1
 POINT = {"bucket_cap_mb": 5.0}
 
 

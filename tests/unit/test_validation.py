@@ -1,4 +1,4 @@
-"""Distributed validation (issue 20): what each --val-strategy evaluates and reports, its time in loss.csv
+"""Distributed validation: what each --val-strategy evaluates and reports, its time in loss.csv
 and summary.csv (schema 4), their check, and its bad input. In-process, one rank: the shards against
 torch's own DistributedSampler. 2- and 3-rank groups against one process: tests/integration/test_validation.py."""
 
@@ -21,7 +21,7 @@ from benchmarks.errors import InputError
 from benchmarks.run import recorder as results
 from benchmarks.run import validation, workloads
 from benchmarks.run.validate import validate
-from tests.unit.test_trainer import config, fit, single_backend
+from tests.helpers import config, fit, single_backend
 
 STRATEGIES = options.VAL_STRATEGIES
 N = 1001

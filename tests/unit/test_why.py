@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.analysis import load, why
 from benchmarks.run import recorder as results
-from tests.unit.test_report import make_run
+from tests.helpers import make_run
 
 KNOBS = {
     "ddp": {"launcher": "torchrun", "knobs": {"dist_backend": "gloo"}},

@@ -22,9 +22,9 @@ from benchmarks.launch import PYTHON, LaunchInfo
 from benchmarks.run import data, sharding, workloads
 from benchmarks.run.trainer import Trainer, describe_optimizer, make_optimizer
 from benchmarks.run.workloads import builtin, datasets
+from tests.helpers import TINY_GPT2
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-TINY_GPT2 = "hf:GPT2Config:n_layer=2,n_embd=64,n_head=2,vocab_size=256,context=16"
 TINY_BERT = (
     "hf:bert-base-uncased:num_hidden_layers=2,hidden_size=64,num_attention_heads=2,intermediate_size=128,"
     "vocab_size=256,context=16"
