@@ -1,5 +1,5 @@
 """The report's Distributed validation (analysis.evaluation) on constructed per-run rows, the eval-only
-report, and a validation set of a million samples held once (issue 20)."""
+report, and a validation set of a million samples held once."""
 
 from __future__ import annotations
 
