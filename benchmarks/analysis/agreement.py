@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from benchmarks.analysis import check
+from benchmarks.analysis import rundir
 from benchmarks.analysis.load import RunSet
 
 TOLERANCE = 1e-5  # below this, a difference is floating-point reduction order, not a different model
@@ -91,8 +91,7 @@ def _fingerprints(rs: RunSet, keys: list[str]) -> Inputs:
     prints: dict[str, dict[str, Any]] = {}
     buffers = []
     for key in keys:
-        meta, _ = check.meta_problems(Path(key))
-        meta = meta or {}
+        meta = rundir.read_or_none(Path(key)) or {}
         if isinstance(meta.get("fingerprint"), dict):
             prints[key] = meta["fingerprint"]
         if meta.get("model_float_buffers") is not None:

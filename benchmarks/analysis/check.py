@@ -6,12 +6,13 @@ every CSV has the contract's header, whole lines (a truncated last line is caugh
 type, no duplicate (rank, epoch, step), steps in order per rank; and for a completed run, `summary.csv`
 has one row whose throughput is recomputable from the timing rows, (schema 3) whose memory columns are
 ranges of MiB, and (schema 4) whose validation time and throughput are recomputable from loss.csv's `val`
-rows (`validation_problems`).
+rows (`validation_problems`). A `distbench allreduce` run directory (run.json `kind: allreduce`) is held to
+its own contract (`allreduce_problems`). run.json itself is read by `rundir`.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import config
+from benchmarks.analysis import rundir
 from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
@@ -31,6 +33,24 @@ INT_COLUMNS = {
 }
 SECONDS = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
 MAX_LINES_SHOWN = 5
+
+# `distbench allreduce` run directories (run.json `kind: allreduce`, allreduce.csv): `allreduce_problems`.
+ALLREDUCE_KEYS = (
+    "schema_version",
+    "kind",
+    "run_id",
+    "impl",
+    "launcher",
+    "controller",
+    "world_size",
+    "dtype",
+    "device",
+    "sizes",
+    "status",
+)
+RELATIVE_TOLERANCE = 1e-9
+ALLREDUCE_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+"""Schema 1 runs, without a `collective`, are allreduce."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +218,7 @@ def memory_problems(path: Path, row: pd.Series) -> list[Problem]:
 def meta_problems(run_dir: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
     path = run_dir / results.RUN_JSON
     try:
-        meta = json.loads(path.read_text())
+        meta = rundir.read(run_dir)
     except (OSError, ValueError) as exc:
         return None, [Problem(path, None, f"cannot be read: {exc}")]
     problems = [Problem(path, None, f"missing key {key!r}") for key in REQUIRED_META if key not in meta]
@@ -206,8 +226,8 @@ def meta_problems(run_dir: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
         problems.append(Problem(path, None, f"schema_version {meta.get('schema_version')!r} is not known"))
     if meta.get("status") not in STATUSES:
         problems.append(Problem(path, None, f"status {meta.get('status')!r} is not one of {', '.join(STATUSES)}"))
-    elif results.effective_status(meta) != meta["status"]:
-        problems.append(Problem(path, None, f"status is running but process {meta.get('pid')} is gone: the job died"))
+    elif rundir.status(meta) != meta["status"]:
+        problems.append(Problem(path, None, rundir.DIED))
     return meta, problems + [Problem(path, None, p) for p in conditions_problems(meta)]
 
 
@@ -261,7 +281,88 @@ def check_run(run_dir: Path) -> list[Problem]:
     if meta is None:
         return problems
     if meta.get("kind") == rank_side.KIND:  # `distbench allreduce`: its own files and contract
-        from benchmarks.analysis import collectives
-
-        return [Problem(run_dir, None, line) for line in collectives.check_dir(run_dir)]
+        return [Problem(run_dir, None, line) for line in allreduce_problems(run_dir)]
     return problems + check_frames(run_dir, meta, read_frames(run_dir))
+
+
+def allreduce_problems(run_dir: Path) -> list[str]:
+    """Problems of one allreduce run directory as lines (empty when it passes `distbench check`)."""
+    run_dir, run_json = Path(run_dir), results.RUN_JSON
+    meta = rundir.read_or_none(run_dir)
+    if meta is None:
+        return [f"{run_json}: missing or not a JSON object"]
+    version = meta.get("schema_version")
+    keys = (*ALLREDUCE_KEYS, "collective") if version != 1 else ALLREDUCE_KEYS
+    problems = [f"{run_json}: missing key '{k}'" for k in keys if k not in meta]
+    if version not in (1, rank_side.SCHEMA_VERSION):
+        problems.append(
+            f"{run_json}: schema_version {version!r} is not one this distbench knows (1, {rank_side.SCHEMA_VERSION})"
+        )
+    if meta.get("collective", "allreduce") not in ALLREDUCE_COLLECTIVES:
+        problems.append(
+            f"{run_json}: collective {meta.get('collective')!r} is not one of {', '.join(ALLREDUCE_COLLECTIVES)}"
+        )
+    status = rundir.status(meta)
+    if status not in ("running", "completed", "failed"):
+        problems.append(f"{run_json}: status {status!r} is not running, completed or failed")
+    elif status == "failed" and meta.get("status") == "running":
+        problems.append(f"{run_json}: {rundir.DIED}")
+    if problems:
+        return problems
+    path = run_dir / rank_side.CSV_NAME
+    if not path.is_file():
+        return [f"{rank_side.CSV_NAME}: missing"]
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        problems.append(f"{rank_side.CSV_NAME}: the last line is cut off (no newline)")
+    rows = pd.read_csv(path, dtype=str, keep_default_na=False)
+    columns = rank_side.LEGACY_COLUMNS if meta["schema_version"] == 1 else rank_side.COLUMNS
+    if tuple(rows.columns) != columns:
+        return [*problems, f"{rank_side.CSV_NAME}: header is {','.join(rows.columns)}, expected {','.join(columns)}"]
+    return problems + _allreduce_rows(rows, meta, status)
+
+
+def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
+    problems: list[str] = []
+    name = rank_side.CSV_NAME
+    width = config.DTYPES.get(str(meta.get("dtype")), 0)
+    world = int(meta.get("world_size") or 0)
+    collective = meta.get("collective", "allreduce")
+    factor = "2(n−1)/n" if collective == "allreduce" else "(n−1)/n"
+    if status == "completed" and list(pd.to_numeric(rows["size_bytes"], errors="coerce")) != meta["sizes"]:
+        problems.append(f"{name}: sizes are not run.json's {meta['sizes']} (one row per size, in order)")
+    for i, row in enumerate(rows.to_dict("records"), start=2):
+        where = f"{name}:{i}:"
+        try:
+            size, elements = int(row["size_bytes"]), int(row["elements"])
+            iters, warmup = int(row["iterations"]), int(row["warmup"])
+        except ValueError:
+            problems.append(f"{where} size_bytes, elements, iterations and warmup must be integers")
+            continue
+        if row.get("collective", collective) != collective:
+            problems.append(f"{where} collective {row['collective']!r} is not run.json's {collective!r}")
+        if row["correct"] not in ("True", "False"):
+            problems.append(f"{where} correct is {row['correct']!r}, not True or False")
+        if elements * width != size or iters < 1 or warmup < 0:
+            problems.append(f"{where} elements × {meta.get('dtype')} width ≠ size_bytes, or iterations < 1")
+        timed = ("time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps")
+        if row["correct"] != "True":
+            if any(row[c] != "" for c in timed):
+                problems.append(f"{where} a wrong result claims a time or bandwidth")
+            if status == "completed":
+                problems.append(f"{where} a completed run has a wrong result")
+            continue
+        try:
+            mean, low, high, alg, bus = (float(row[c]) for c in timed)
+        except ValueError:
+            problems.append(f"{where} {', '.join(timed)} must be numbers")
+            continue
+        if not (0 < low <= mean * (1 + RELATIVE_TOLERANCE) and mean <= high * (1 + RELATIVE_TOLERANCE)):
+            problems.append(f"{where} not 0 < time_min_s <= time_mean_s <= time_max_s")
+            continue
+        if not math.isclose(alg, rank_side.algbw_gbps(size, mean), rel_tol=1e-6):
+            problems.append(f"{where} algbw_gbps {alg} is not size_bytes / time_mean_s / 1e9")
+        expected = rank_side.busbw_gbps(size, mean, world, collective) if world else bus
+        if not math.isclose(bus, expected, rel_tol=1e-6, abs_tol=1e-12):
+            problems.append(f"{where} busbw_gbps {bus} is not algbw_gbps × {factor} for n = {world} ({collective})")
+    return problems

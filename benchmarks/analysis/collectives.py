@@ -6,12 +6,11 @@ collectives.time_at_size(frame, 4 * 1_000_000)   # {label: seconds or None}, int
 section = collectives.report_section(["results/allreduce"], out_dir)     # tables + PNG for a report
 
 An allreduce run directory holds run.json (`kind: allreduce`) and allreduce.csv; the training loader
-skips these directories and `distbench check` calls `check_dir` for them.
+skips these directories; their contract is `check.allreduce_problems`, which `distbench check` applies.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,27 +19,13 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import files
-from benchmarks.analysis import terminal
+from benchmarks.analysis import rundir, terminal
 from benchmarks.analysis.load import find_run_dirs
-from benchmarks.config import DTYPES, format_size
+from benchmarks.config import format_size
 from benchmarks.run import collectives as rank_side
-from benchmarks.run.recorder import RUN_JSON, effective_status
 
 COMPARISON_CSV = "allreduce-comparison.csv"
 FIGURE = "allreduce_bandwidth.png"
-RUN_KEYS = (
-    "schema_version",
-    "kind",
-    "run_id",
-    "impl",
-    "launcher",
-    "controller",
-    "world_size",
-    "dtype",
-    "device",
-    "sizes",
-    "status",
-)
 RUN_COLUMNS = (
     "run_key",
     "run_id",
@@ -57,31 +42,20 @@ RUN_COLUMNS = (
     "error",
     "wall_s",
 )
-RELATIVE_TOLERANCE = 1e-9
-COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
-"""Schema 1 runs, without a `collective`, are allreduce."""
-
-
-def _meta(run_dir: Path) -> dict | None:
-    try:
-        meta = json.loads((run_dir / RUN_JSON).read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
 
 
 def find_dirs(*paths: str | Path) -> list[Path]:
     """allreduce run directories at or below the paths (or globs), in path order."""
-    return [d for d in find_run_dirs(*paths) if (_meta(d) or {}).get("kind") == rank_side.KIND]
+    return [d for d in find_run_dirs(*paths) if rundir.is_allreduce(d)]
 
 
 def _runs(dirs: list[Path]) -> pd.DataFrame:
     rows = []
     for run_dir in dirs:
-        meta = _meta(run_dir) or {}
+        meta = rundir.read_or_none(run_dir) or {}
         row = {key: meta.get(key) for key in RUN_COLUMNS}
         row["collective"] = meta.get("collective", "allreduce")
-        rows.append({**row, "run_key": str(run_dir), "status": effective_status(meta)})
+        rows.append({**row, "run_key": str(run_dir), "status": rundir.status(meta)})
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 
@@ -143,87 +117,6 @@ def time_at_size(frame: pd.DataFrame, size_bytes: float) -> dict[str, float | No
         log_t = np.interp(math.log(size_bytes), np.log(sizes), np.log(times.to_numpy(dtype=float)))
         result[str(label)] = float(math.exp(log_t))
     return result
-
-
-def check_dir(run_dir: Path) -> list[str]:
-    """Problems of one allreduce run directory as lines (empty when it passes `distbench check`)."""
-    run_dir = Path(run_dir)
-    meta = _meta(run_dir)
-    if meta is None:
-        return [f"{RUN_JSON}: missing or not a JSON object"]
-    version = meta.get("schema_version")
-    keys = (*RUN_KEYS, "collective") if version != 1 else RUN_KEYS
-    problems = [f"{RUN_JSON}: missing key '{k}'" for k in keys if k not in meta]
-    if version not in (1, rank_side.SCHEMA_VERSION):
-        problems.append(
-            f"{RUN_JSON}: schema_version {version!r} is not one this distbench knows (1, {rank_side.SCHEMA_VERSION})"
-        )
-    if meta.get("collective", "allreduce") not in COLLECTIVES:
-        problems.append(f"{RUN_JSON}: collective {meta.get('collective')!r} is not one of {', '.join(COLLECTIVES)}")
-    status = effective_status(meta)
-    if status not in ("running", "completed", "failed"):
-        problems.append(f"{RUN_JSON}: status {status!r} is not running, completed or failed")
-    elif status == "failed" and meta.get("status") == "running":
-        problems.append(f"{RUN_JSON}: status running but its process is gone (the job died)")
-    if problems:
-        return problems
-    path = run_dir / rank_side.CSV_NAME
-    if not path.is_file():
-        return [f"{rank_side.CSV_NAME}: missing"]
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        problems.append(f"{rank_side.CSV_NAME}: the last line is cut off (no newline)")
-    rows = pd.read_csv(path, dtype=str, keep_default_na=False)
-    columns = rank_side.LEGACY_COLUMNS if meta["schema_version"] == 1 else rank_side.COLUMNS
-    if tuple(rows.columns) != columns:
-        return [*problems, f"{rank_side.CSV_NAME}: header is {','.join(rows.columns)}, expected {','.join(columns)}"]
-    return problems + _check_rows(rows, meta, status)
-
-
-def _check_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
-    problems: list[str] = []
-    name = rank_side.CSV_NAME
-    width = DTYPES.get(str(meta.get("dtype")), 0)
-    world = int(meta.get("world_size") or 0)
-    collective = meta.get("collective", "allreduce")
-    factor = "2(n−1)/n" if collective == "allreduce" else "(n−1)/n"
-    if status == "completed" and list(pd.to_numeric(rows["size_bytes"], errors="coerce")) != meta["sizes"]:
-        problems.append(f"{name}: sizes are not run.json's {meta['sizes']} (one row per size, in order)")
-    for i, row in enumerate(rows.to_dict("records"), start=2):
-        where = f"{name}:{i}:"
-        try:
-            size, elements = int(row["size_bytes"]), int(row["elements"])
-            iters, warmup = int(row["iterations"]), int(row["warmup"])
-        except ValueError:
-            problems.append(f"{where} size_bytes, elements, iterations and warmup must be integers")
-            continue
-        if row.get("collective", collective) != collective:
-            problems.append(f"{where} collective {row['collective']!r} is not run.json's {collective!r}")
-        if row["correct"] not in ("True", "False"):
-            problems.append(f"{where} correct is {row['correct']!r}, not True or False")
-        if elements * width != size or iters < 1 or warmup < 0:
-            problems.append(f"{where} elements × {meta.get('dtype')} width ≠ size_bytes, or iterations < 1")
-        timed = ("time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps")
-        if row["correct"] != "True":
-            if any(row[c] != "" for c in timed):
-                problems.append(f"{where} a wrong result claims a time or bandwidth")
-            if status == "completed":
-                problems.append(f"{where} a completed run has a wrong result")
-            continue
-        try:
-            mean, low, high, alg, bus = (float(row[c]) for c in timed)
-        except ValueError:
-            problems.append(f"{where} {', '.join(timed)} must be numbers")
-            continue
-        if not (0 < low <= mean * (1 + RELATIVE_TOLERANCE) and mean <= high * (1 + RELATIVE_TOLERANCE)):
-            problems.append(f"{where} not 0 < time_min_s <= time_mean_s <= time_max_s")
-            continue
-        if not math.isclose(alg, rank_side.algbw_gbps(size, mean), rel_tol=1e-6):
-            problems.append(f"{where} algbw_gbps {alg} is not size_bytes / time_mean_s / 1e9")
-        expected = rank_side.busbw_gbps(size, mean, world, collective) if world else bus
-        if not math.isclose(bus, expected, rel_tol=1e-6, abs_tol=1e-12):
-            problems.append(f"{where} busbw_gbps {bus} is not algbw_gbps × {factor} for n = {world} ({collective})")
-    return problems
 
 
 def figure(frame: pd.DataFrame, path: Path) -> Path | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchmarks.analysis import check
+from benchmarks.analysis import check, rundir
 from benchmarks.launch import placement
 from benchmarks.launch.variants import label
-from benchmarks.run import collectives
 from benchmarks.run import recorder as results
 
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
@@ -32,7 +30,6 @@ EXTRA_COLUMNS = ("launcher_detail", "local_world_size", "train_size", "val_size"
                  "validation_buffers", "omp_num_threads_env", "timed_wall_s", "error", "failed_rank",
                  "oversubscribed", "cpus")  # fmt: skip
 JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
-DIED = "status running but its process is gone (the job died)"
 INTERRUPTED = "interrupted"
 """The analysis's status of a run a signal stopped (run.json: `failed` with `"interrupted": true`, or a rank's
 `interrupted by SIGINT` error), as comparison.csv calls it: not a failure of what was measured."""
@@ -80,14 +77,6 @@ def find_run_dirs(*paths: str | Path) -> list[Path]:
                     dirs.clear()  # a run directory holds no runs of its own
     unique = {p.resolve(): p for p in reversed(found)}  # the same run reached twice is loaded once
     return sorted(unique.values(), key=str)
-
-
-def is_allreduce_dir(run_dir: Path) -> bool:
-    """A `distbench allreduce` run directory (run.json `kind`), read by analysis.collectives instead."""
-    try:
-        return json.loads((run_dir / results.RUN_JSON).read_text()).get("kind") == collectives.KIND
-    except (OSError, ValueError, AttributeError):
-        return False  # check reports an unreadable run.json
 
 
 def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -200,24 +189,24 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
     Runs that did not complete, or that fail `distbench check`, are left out (listed in `skipped`
     and `left_out`) unless `include_failed`.
     """
-    dirs = [d for d in find_run_dirs(*paths) if not is_allreduce_dir(d)]  # `distbench allreduce`'s own
+    dirs = [d for d in find_run_dirs(*paths) if not rundir.is_allreduce(d)]  # `distbench allreduce`'s own
     if not dirs:
         raise FileNotFoundError(f"no run directories (with {results.RUN_JSON}) under {', '.join(map(str, paths))}")
     metas, left_out, timings, losses, skipped = [], [], [], [], []
     for run_dir in dirs:
-        meta, problems = check.meta_problems(run_dir)  # the one reader of run.json
+        meta, problems = check.meta_problems(run_dir)
         if meta is None or meta.get("schema_version") not in results.KNOWN_SCHEMAS:
             raise SchemaError(f"{'; '.join(map(str, problems))}; upgrade distbench to read it")
-        if results.effective_status(meta) != meta.get("status"):  # left `running` by a process that is gone
-            meta.update(status="failed", error=meta.get("error") or DIED)
+        if rundir.status(meta) != meta.get("status"):  # left `running` by a process that is gone
+            meta.update(status="failed", error=meta.get("error") or rundir.DIED)
         frames = check.read_frames(run_dir)
         problems += check.check_frames(run_dir, meta, frames)
         row = {**memory_row(frames[results.SUMMARY_CSV][0]), **run_row(run_dir, meta)}
         if was_interrupted(meta):
             row["status"] = INTERRUPTED
         if not include_failed and (meta["status"] != "completed" or problems):
-            if meta.get("error") == DIED:
-                why = DIED
+            if meta.get("error") == rundir.DIED:
+                why = rundir.DIED
             elif row["status"] == INTERRUPTED:
                 why = str(meta.get("error") or INTERRUPTED)
             elif meta["status"] != "completed":

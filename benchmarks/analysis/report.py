@@ -26,6 +26,7 @@ from benchmarks.analysis import (
     evaluation,
     figures,
     load,
+    rundir,
     tables,
     terminal,
     why,
@@ -74,7 +75,7 @@ def write(
     plan.json among `paths`), "knobs" (tune's kept knobs per variant), "command" (the command to rerun),
     "memory_limit_mb" (compare's --memory-limit-mb).
     Paths holding only `distbench allreduce` runs give a report of those alone."""
-    if not any(not load.is_allreduce_dir(d) for d in load.find_run_dirs(*paths)):
+    if not any(not rundir.is_allreduce(d) for d in load.find_run_dirs(*paths)):
         allreduce = collectives.report_section(paths, out)
         if allreduce is not None:
             sections = {"Allreduce runs": allreduce.runs.drop(columns=["run_key"]),

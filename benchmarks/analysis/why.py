@@ -12,7 +12,6 @@ beside them at each setup's gradient size.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from benchmarks.analysis import collectives, stats, timeline
+from benchmarks.analysis import collectives, rundir, stats, timeline
 from benchmarks.analysis.load import RunSet
 from benchmarks.analysis.tables import SETUP
 from benchmarks.run import collectives as rank_side
@@ -57,7 +56,7 @@ def per_run(rs: RunSet) -> pd.DataFrame:
         if run.get("status") != "completed" or not summary_path.is_file():
             continue
         summary = pd.read_csv(summary_path).iloc[0]
-        meta = json.loads((run_dir / results.RUN_JSON).read_text())
+        meta = rundir.read(run_dir)
         step = summary["step_p50_s"] * 1000
         window = summary["wall_s"] / summary["timed_steps"] * 1000 if summary["timed_steps"] else np.nan
         compute = summary.get("compute_s", np.nan) * 1000

@@ -1,5 +1,6 @@
 """The training loop every backend shares: timed steps with no collective inside, gathers between
-steps, exact validation. `harness.run` builds one and calls `fit()`."""
+steps, exact validation; and --eval-only's few untimed steps before timed validations (`evaluate_only`).
+`harness.run` builds one and calls `fit()`; the trainer calls `validation`, never the reverse."""
 
 from __future__ import annotations
 
@@ -252,7 +253,7 @@ class Trainer:
     def fit(self) -> None:
         cfg = self.cfg
         if cfg.eval_only:
-            return validation.evaluate_only(self)
+            return self.evaluate_only()
         plan = [self.steps_in_epoch(epoch) for epoch in range(cfg.epochs)]
         self.progress = progress.progress(
             sum(map(len, plan)), f"{self.backend.name} {self.workload.name}",
@@ -300,3 +301,30 @@ class Trainer:
         # its threads until exit) and, under mpirun, MPI_Finalize makes every rank exit at the same moment;
         # no rank may then still be inside the last collective while a peer tears its sockets down.
         self.backend.barrier()
+
+    def evaluate_only(self) -> None:
+        """`--eval-only`: --eval-train-steps untimed training steps (none recorded), then --eval-repeats timed
+        validations of the model, recorded as epoch 0's `val` rows with `val_pass` 1 … R."""
+        cfg, backend, recorder = self.cfg, self.backend, self.recorder
+        epoch, trained = 0, 0
+        while trained < cfg.eval_train_steps:  # whole epochs' orders, as fit would give them, cut at K steps
+            steps = self.steps_in_epoch(epoch)[: cfg.eval_train_steps - trained]
+            self.train_feed.start_epoch(epoch)
+            for step in steps:
+                self.global_step += 1
+                self.train_step(step, epoch + 1)
+                self._beat()
+            trained, epoch = trained + len(steps), epoch + 1
+        if recorder is not None:
+            recorder.meta["eval_only"] = {"train_steps": cfg.eval_train_steps, "repeats": cfg.eval_repeats}
+        backend.barrier()
+        for repeat in range(1, cfg.eval_repeats + 1):
+            row = self.validation.run(self.raw_model, 0, self.global_step, recorder, repeat)
+            if recorder is not None:
+                recorder.loss([row])
+        peaks = backend.all_gather_object(self.memory.read())
+        if recorder is not None:
+            recorder.memory(peaks)
+        self.train_feed.close()
+        self.validation.close()
+        backend.barrier()  # leave together, as fit does

@@ -26,7 +26,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,9 +36,6 @@ from backends.base import Backend
 from benchmarks.config import VAL_STRATEGIES, RunConfig
 from benchmarks.run import data, sharding, workloads
 from benchmarks.run import recorder as results
-
-if TYPE_CHECKING:
-    from benchmarks.run.trainer import Trainer
 
 STRATEGIES = VAL_STRATEGIES
 EXACT, SAMPLER, REPLICATED, RANK0 = STRATEGIES
@@ -215,31 +212,3 @@ class Validation:
 
     def close(self) -> None:
         self.feed.close()
-
-
-def evaluate_only(trainer: Trainer) -> None:
-    """`--eval-only`: --eval-train-steps untimed training steps (none recorded), then --eval-repeats timed
-    validations of the model, recorded as epoch 0's `val` rows with `val_pass` 1 … R."""
-    cfg, backend, recorder = trainer.cfg, trainer.backend, trainer.recorder
-    epoch, trained = 0, 0
-    while trained < cfg.eval_train_steps:  # whole epochs' orders, as fit would give them, cut at K steps
-        steps = trainer.steps_in_epoch(epoch)[: cfg.eval_train_steps - trained]
-        trainer.train_feed.start_epoch(epoch)
-        for step in steps:
-            trainer.global_step += 1
-            trainer.train_step(step, epoch + 1)
-            trainer._beat()
-        trained, epoch = trained + len(steps), epoch + 1
-    if recorder is not None:
-        recorder.meta["eval_only"] = {"train_steps": cfg.eval_train_steps, "repeats": cfg.eval_repeats}
-    backend.barrier()
-    for repeat in range(1, cfg.eval_repeats + 1):
-        row = trainer.validation.run(trainer.raw_model, 0, trainer.global_step, recorder, repeat)
-        if recorder is not None:
-            recorder.loss([row])
-    peaks = backend.all_gather_object(trainer.memory.read())
-    if recorder is not None:
-        recorder.memory(peaks)
-    trainer.train_feed.close()
-    trainer.validation.close()
-    backend.barrier()  # leave together, as fit does

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchmarks.analysis import collectives
+from benchmarks.analysis import check, collectives
 from tests.helpers import BIN, REPO, horovodrun, mpirun, run_cmd, run_ok, torchrun
 
 SIZES = ["--sizes", "4,4K,256K", "--iters", "5", "--warmup", "1", "--quiet", "--timeout", "60"]
@@ -53,7 +53,7 @@ def test_compare_measures_every_implementation_under_its_launcher(tmp_path, horo
         assert (rows.busbw_gbps > 0).all() and (rows.iterations == 5).all()
         meta = meta_of(root / impl)
         assert (meta["kind"], meta["status"], meta["impl"]) == ("allreduce", "completed", impl)
-        assert collectives.check_dir(root / impl) == []
+        assert check.allreduce_problems(root / impl) == []
     assert (root / "report" / collectives.FIGURE).stat().st_size > 0
     assert "mpi4py" in (root / "report" / "allreduce.md").read_text()
 
@@ -77,7 +77,7 @@ def test_a_wrong_reduction_fails_the_run(tmp_path, impl: str, horovod_available)
     rows = pd.read_csv(tmp_path / "w" / "allreduce.csv")
     assert len(rows) == 1 and not rows.correct.iloc[0]
     assert rows[["time_mean_s", "algbw_gbps", "busbw_gbps"]].isna().all(axis=None)  # no bandwidth for it
-    assert collectives.check_dir(tmp_path / "w") == []
+    assert check.allreduce_problems(tmp_path / "w") == []
 
 
 @pytest.mark.timeout(200)
@@ -127,7 +127,7 @@ def test_fsdps_collectives_under_torchrun_are_checked_and_recorded(tmp_path, col
     meta = meta_of(tmp_path / "s")
     assert (meta["collective"], meta["status"], meta["sizes"]) == (collective, "completed", [4096, 256 * 1024])
     assert meta["in_place"] is (collective == "all_gather") and "_single(" in meta["knobs"]["call"]
-    assert collectives.check_dir(tmp_path / "s") == []
+    assert check.allreduce_problems(tmp_path / "s") == []
 
 
 @pytest.mark.timeout(150)
@@ -144,4 +144,4 @@ def test_a_wrong_reduce_scatter_shard_fails_the_run(tmp_path) -> None:
         "the exact sum over 2 ranks)" in lines[0]  # fmt: skip
     _no_rank_traceback(output)
     assert meta_of(tmp_path / "w")["status"] == "failed"
-    assert collectives.check_dir(tmp_path / "w") == []
+    assert check.allreduce_problems(tmp_path / "w") == []

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import config, launch
+from benchmarks.analysis import check
 from benchmarks.analysis import collectives as analysis
 from benchmarks.cli import EXIT_BAD_INPUT, main
 from benchmarks.errors import InputError
@@ -218,25 +219,25 @@ def write_run(root: Path, run_id: str, impl: str, rows: list[tuple[int, float]],
 def test_a_written_run_passes_the_check_and_tampering_is_caught(tmp_path) -> None:
     run_dir = write_run(tmp_path, "m", "mpi4py", [(4, 2e-6), (1024, 4e-6), (MiB, 3e-4)])
     assert analysis.find_dirs(tmp_path) == [run_dir]
-    assert analysis.check_dir(run_dir) == []
+    assert check.allreduce_problems(run_dir) == []
     csv = run_dir / rank_side.CSV_NAME
     frame = pd.read_csv(csv)
     frame.loc[1, "busbw_gbps"] *= 2
     frame.to_csv(csv, index=False)
-    assert any("csv:3: busbw_gbps" in p and "2(n−1)/n" in p for p in analysis.check_dir(run_dir))
+    assert any("csv:3: busbw_gbps" in p and "2(n−1)/n" in p for p in check.allreduce_problems(run_dir))
     frame.loc[1, "busbw_gbps"] /= 2
     frame.loc[2, "correct"] = False
     frame.to_csv(csv, index=False)
-    problems = analysis.check_dir(run_dir)
+    problems = check.allreduce_problems(run_dir)
     assert any("a wrong result claims a time or bandwidth" in p for p in problems), problems
     frame.loc[2, "correct"] = True
     frame.iloc[:2].to_csv(csv, index=False)
-    assert any("sizes are not run.json's" in p for p in analysis.check_dir(run_dir))
+    assert any("sizes are not run.json's" in p for p in check.allreduce_problems(run_dir))
     csv.write_text(csv.read_text().rstrip("\n"))
-    assert any("cut off" in p for p in analysis.check_dir(run_dir))
+    assert any("cut off" in p for p in check.allreduce_problems(run_dir))
     meta = json.loads((run_dir / "run.json").read_text())
     (run_dir / "run.json").write_text(json.dumps({**meta, "schema_version": 99}))
-    assert any("schema_version 99" in p for p in analysis.check_dir(run_dir))
+    assert any("schema_version 99" in p for p in check.allreduce_problems(run_dir))
 
 
 def test_time_at_size_interpolates_on_log_log_inside_the_measured_range(tmp_path) -> None:

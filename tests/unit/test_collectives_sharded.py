@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from benchmarks import config
+from benchmarks.analysis import check, why
 from benchmarks.analysis import collectives as analysis
-from benchmarks.analysis import why
 from benchmarks.cli import EXIT_BAD_INPUT, main
 from benchmarks.errors import InputError
 from benchmarks.run import collective_impls as impls
@@ -168,26 +168,27 @@ def write_run(root: Path, run_id: str, impl: str, rows: list[tuple[int, float]],
 def test_check_accepts_old_runs_and_checks_a_sharded_ones_bandwidth(tmp_path) -> None:
     old = write_run(tmp_path, "old", "torch-gloo", [(8, 1e-5), (MiB, 1e-3)])
     assert "collective" not in pd.read_csv(old / rank_side.CSV_NAME).columns
-    assert analysis.check_dir(old) == []
+    assert check.allreduce_problems(old) == []
     new = write_run(tmp_path, "rs", "torch-gloo", [(8, 1e-5), (MiB, 1e-3)], "reduce_scatter")
-    assert analysis.check_dir(new) == []
+    assert check.allreduce_problems(new) == []
     csv = new / rank_side.CSV_NAME
     frame = pd.read_csv(csv)
     frame.loc[1, "busbw_gbps"] *= 2  # allreduce's factor at n = 2
     frame.to_csv(csv, index=False)
-    assert any("csv:3: busbw_gbps" in p and "(n−1)/n" in p and "reduce_scatter" in p for p in analysis.check_dir(new))
+    problems = check.allreduce_problems(new)
+    assert any("csv:3: busbw_gbps" in p and "(n−1)/n" in p and "reduce_scatter" in p for p in problems)
     frame.loc[1, "busbw_gbps"] /= 2
     frame.loc[0, "collective"] = "all_gather"
     frame.to_csv(csv, index=False)
-    assert any("collective 'all_gather' is not run.json's" in p for p in analysis.check_dir(new))
+    assert any("collective 'all_gather' is not run.json's" in p for p in check.allreduce_problems(new))
     frame.drop(columns=["collective"]).to_csv(csv, index=False)
-    assert any("header is" in p for p in analysis.check_dir(new))  # schema 2 without the column
+    assert any("header is" in p for p in check.allreduce_problems(new))  # schema 2 without the column
     meta = json.loads((new / "run.json").read_text())
     (new / "run.json").write_text(json.dumps({**meta, "collective": "broadcast"}))
-    assert any("collective 'broadcast' is not one of" in p for p in analysis.check_dir(new))
+    assert any("collective 'broadcast' is not one of" in p for p in check.allreduce_problems(new))
     del meta["collective"]
     (new / "run.json").write_text(json.dumps(meta))
-    assert any("missing key 'collective'" in p for p in analysis.check_dir(new))
+    assert any("missing key 'collective'" in p for p in check.allreduce_problems(new))
 
 
 def test_the_report_names_the_collective_and_why_uses_only_allreduce_as_the_reference(tmp_path) -> None:
