@@ -99,6 +99,8 @@ class Name:
     base: str
     """The registry name, the `hf:` configuration, or the `module:factory`."""
     args: dict[str, Any]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """The option values the name brings (`defaults_for`): a preset's own, which `base` no longer says."""
 
 
 def _value(text: str) -> Any:
@@ -147,6 +149,11 @@ def _check_builtin(name: str, base: str, args: dict[str, Any]) -> dict[str, Any]
 
 def parse(name: str) -> Name:
     """What `--workload` names, size arguments checked (torch-free); ValueError naming the fix."""
+    kind, base, args = _parts(name)
+    return Name(kind, base, args, defaults_for(name))
+
+
+def _parts(name: str) -> tuple[str, str, dict[str, Any]]:
     head, sep, rest = name.partition(":")
     if head == HF:
         config, _, overrides = rest.partition(":")
@@ -154,16 +161,16 @@ def parse(name: str) -> Name:
             raise ValueError("workload 'hf:': name a model, e.g. hf:gpt2, hf:bert-base-uncased or hf:GPT2Config")
         if importlib.util.find_spec("transformers") is None:
             raise ValueError(f"workload '{name}' needs transformers: pip install -e '.[hf]' (make setup installs it)")
-        return Name(HF, HF_ALIASES.get(config, config), _pairs(name, overrides))
+        return HF, HF_ALIASES.get(config, config), _pairs(name, overrides)
     if head in PRESETS:
         preset = PRESETS[head]
-        return Name("builtin", preset.base, _check_builtin(name, preset.base, {**preset.args, **_pairs(name, rest)}))
+        return "builtin", preset.base, _check_builtin(name, preset.base, {**preset.args, **_pairs(name, rest)})
     if head in REGISTRY:
-        return Name("builtin", head, _check_builtin(name, head, _pairs(name, rest)))
+        return "builtin", head, _check_builtin(name, head, _pairs(name, rest))
     if not sep:
         known = ", ".join([*REGISTRY, *PRESETS])
         raise ValueError(f"unknown workload '{name}'; known: {known}, hf:MODEL (or package.module:factory)")
-    return Name("custom", name, {})
+    return "custom", name, {}
 
 
 def defaults_for(name: str) -> dict[str, Any]:

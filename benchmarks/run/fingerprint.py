@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from benchmarks.errors import InputError
-from benchmarks.run.workloads import Workload
+from benchmarks.run.workloads import Workload, load
 
 DIGEST_CHARS = 16
 FRESH_TIMEOUT_S = 120.0
@@ -169,8 +169,6 @@ def check_fresh_process(workload: Workload, name: str, seed: int, sizes: tuple[i
 
 
 if __name__ == "__main__":  # check_fresh_process's other process
-    from benchmarks.run import workloads
-
     name, seed, train_size, val_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    built = workloads.load(name, seed, train_size or None, val_size or None)
+    built = load(name, seed, train_size or None, val_size or None)
     print(json.dumps(of_data(built.train, built.val)))

@@ -28,16 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset, default_collate
 
 import backends
-from backends import horovod_autotune
 from backends.base import Backend
-from benchmarks import config, environment, launch
+from benchmarks import environment, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
-from benchmarks.run import data, faults, fingerprint, guard, workloads
+from benchmarks.run import faults, fingerprint, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer
 
@@ -115,109 +113,121 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _first_two(samples: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples 0 and 1 as one batch, collated as a DataLoader would."""
-    if isinstance(samples, tuple):
-        return samples[0][:2], samples[1][:2]
-    return default_collate([samples[i] for i in range(min(2, len(samples)))])
+class _Failure:
+    """How a failure after start-up is recorded and said, by whichever of the main thread, the signal watcher
+    and the watchdog meets it first; the run sets `recorder` and `run_dir` as it gets them."""
 
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.recorder: results.Recorder | None = None
+        self.run_dir: Path | None = None
+        # Held while a failure is written: the signal watcher exits the process right after its own (skipped)
+        # record, which must not cut short the main thread's write of run.json (an fsync can take seconds on a
+        # busy disk). Bounded all the same: a failure must be written even if the lock is never released.
+        self.recording = threading.Lock()
+        self.said = threading.Lock()  # the main thread, the SIGTERM watcher and the watchdog may all fail the run
 
-def shape_hint(shape: tuple[int, ...] | str, batch: int) -> str:
-    """How to turn what a loss returned into one value per sample."""
-    if isinstance(shape, tuple) and len(shape) > 1 and shape[0] == batch:
-        dims = "dim=1" if len(shape) == 2 else f"dim={tuple(range(1, len(shape)))}"
-        return f"reduce over the dimensions after the first, e.g. .mean({dims})"
-    return "return it unreduced, e.g. F.cross_entropy(out, target, reduction='none')"
-
-
-def check_workload(workload: workloads.Workload, name: str) -> None:
-    """Catch a malformed workload up front, in one line.
-
-    A loss reduced to a mean would still train, on a gradient divided by the batch size, so the shape
-    of the loss on two samples is checked here rather than trusted.
-    """
-
-    def problem(text: str) -> InputError:
-        return InputError(f"workload '{name}': {text}")
-
-    for split in ("train", "val"):
-        samples = getattr(workload, split)
-        if isinstance(samples, tuple):
-            if not (len(samples) == 2 and all(isinstance(t, torch.Tensor) for t in samples)):
-                raise problem(f"{split} must be a tuple (inputs, targets) of tensors or a map-style Dataset")
-            if len(samples[0]) != len(samples[1]) or len(samples[0]) == 0:
-                raise problem(
-                    f"{split} has {len(samples[0])} inputs and {len(samples[1])} targets; both must be equal and > 0"
-                )
-            continue
-        if not isinstance(samples, Dataset) or isinstance(samples, IterableDataset) or not hasattr(samples, "__len__"):
-            raise problem(
-                f"{split} is {type(samples).__name__}; give a tuple (inputs, targets) of tensors or a map-style "
-                "torch.utils.data.Dataset with __len__ and __getitem__"
-            )
+    def record(self, error: str) -> None:
+        held = self.recording.acquire(timeout=RECORD_WAIT_S)
         try:
-            count, item = len(samples), samples[0] if len(samples) else None
-        except Exception as exc:
-            raise problem(f"reading {split}[0] failed: {_describe(exc)}") from exc
-        if count == 0:
-            raise problem(f"{split} is an empty Dataset")
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise problem(
-                f"{split}[0] is {type(item).__name__}; a Dataset's item i must be the pair (input, target) of sample i"
-            )
+            recorder = self.recorder
+            if recorder is not None and recorder.meta["status"] == "running":
+                notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != self.rank]
+                if notes:
+                    root = notes[0]
+                elif PEER_LOST.search(error):  # a rank killed or hung leaves no note: rank 0 only saw it go
+                    root = {"rank": None, "error": f"another rank died or stopped answering (rank 0 saw: {error})"}
+                else:
+                    root = {"rank": self.rank, "error": error}
+                recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
+                                rank0_error=error)  # fmt: skip
+            elif self.run_dir is not None and self.rank != 0:
+                guard.write_failure_note(self.run_dir, self.rank, error)
+        finally:
+            if held:
+                self.recording.release()
+
+    def fail(self, error: str) -> str:
+        """Record the failure; rank 0 says it once, naming the root cause's rank and the run directory."""
+        self.record(error)
+        recorder = self.recorder
+        meta = recorder.meta if recorder is not None else {"error": error}
+        rank = f" on rank {meta['failed_rank']}" if meta.get("failed_rank") is not None else ""
+        where = f"; details in {recorder.run_dir / 'run.json'}" if recorder is not None else ""
+        # The recorder's lock may be held elsewhere when a signal comes: its meta then lacks the error.
+        message = f"run failed{rank}: {meta.get('error') or error}{where}"
+        if self.rank == 0 and self.said.acquire(blocking=False):
+            with contextlib.suppress(OSError):  # a launcher killed outright took the pipe with it
+                print(f"distbench: error: {message}", file=sys.stderr, flush=True)
+        return message
+
+    def stop_on_signal(self, why: str) -> None:
+        self.fail(why)
+        if self.recorder is not None:  # the process exits next: no row may be half-appended when it does
+            self.recorder.lock.acquire(timeout=RECORD_WAIT_S)
+        elif self.run_dir is not None:  # exiting first would let mpirun SIGKILL rank 0 before it records
+            guard.wait_for_record(self.run_dir / results.RUN_JSON)
+
+
+def _start_backend(backend: Backend, backend_name: str, failure: _Failure, watchdog: guard.Watchdog) -> None:
+    """Join the job: bad input is raised as it is, any other error as RunFailed, recorded and said."""
     try:
-        model = workload.build_model()
-        if not isinstance(model, torch.nn.Module):
-            raise problem(f"build_model() returned {type(model).__name__}, not a torch.nn.Module")
-        x, y = _first_two(workload.train)
-        model.eval()  # a throwaway copy: no BatchNorm statistics of the real model move
-        with torch.no_grad():
-            out = model(x)
-            checks = {"loss": workload.loss(out, y)}
-            if workload.correct is not None:
-                checks["correct"] = workload.correct(out, y)
-    except InputError:
+        backend.init()
+    except (InputError, launch.WrongLauncherError):
+        watchdog.stop()
         raise
     except Exception as exc:
-        raise problem(f"a forward pass and loss on the first training samples failed: {_describe(exc)}") from exc
-    for fn, value in checks.items():
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        if shape != (len(x),):
-            raise problem(
-                f"{fn}(out, target) must give one value per sample (shape ({len(x)},) for 2 samples), got {shape}; "
-                + shape_hint(shape, len(x))
-            )
-    if workload.optimizer is not None:  # its own optimizer: built on the throwaway model, so a bad one is bad input
-        try:
-            optimizer = workload.optimizer(model, 0.01)
-        except Exception as exc:
-            raise problem(f"optimizer(model, lr) failed: {_describe(exc)}") from exc
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise problem(f"optimizer(model, lr) returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        watchdog.stop()
+        raise RunFailed(failure.fail(f"the {backend_name} backend could not start: {_describe(exc)}")) from exc
+    watchdog.beat()
 
 
-def load_checked_workload(cfg: RunConfig, world_size: int, options: Any = None) -> workloads.Workload:
-    """The workload, or an InputError when it cannot be built, is malformed, or gives a rank no timed step."""
-    try:
-        workload = workloads.load(cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    check_workload(workload, cfg.workload)
-    train_size = data.size(workload.train)
-    shard = train_size // world_size
-    if shard < cfg.batch_size * cfg.accumulate:
-        raise InputError(
-            f"--batch-size {cfg.batch_size} × --accumulate {cfg.accumulate} is larger than each rank's share "
-            f"of the {train_size} training samples ({shard} on {world_size} ranks); "
-            "lower --batch-size or raise --train-size"
-        )
-    steps = shard // cfg.batch_size // cfg.accumulate  # what sharding.train_batches gives each rank
-    steps = min(steps, cfg.steps_per_epoch or steps)
-    if cfg.epochs * steps <= cfg.warmup_steps and not cfg.eval_only:  # --eval-only times no training step
-        raise config.no_timed_steps(cfg, steps)
-    if getattr(options, "autotune", False) and not cfg.eval_only:  # Horovod's autotuner searches in the warm-up
-        horovod_autotune.check_steps(cfg.warmup_steps, cfg.epochs * steps, os.environ, horovod_autotune.gpu_build())
-    return workload
+def _meta(
+    run_id: str,
+    backend_name: str,
+    info: launch.LaunchInfo,
+    ready: workloads.ResolvedWorkload,
+    options: Any,
+    given: dict[str, Any] | None,
+    ranks: list[dict[str, Any]],
+    hosts: list[Any],
+    adopted: dict[str, dict[str, Any]],
+    threads: int,
+    started: str,
+) -> dict[str, Any]:
+    """run.json as the run starts; what the model and the backend settle on is added once it is built."""
+    cfg = ready.cfg
+    return {
+        "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
+        "launcher_detail": info.detail, "world_size": info.world_size,
+        "local_world_size": info.local_world_size, "workload": cfg.workload,
+        "oversubscribed": oversubscribed(info.local_world_size), "cpus": os.cpu_count(),
+        "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
+        "train_size": ready.train_size, "val_size": ready.val_size,
+        "workload_args": ready.workload.args,
+        "config": {**(given or {}), **dataclasses.asdict(cfg), **dataclasses.asdict(options)},
+        "workload_source": ready.source, "knobs": {}, "threads": threads,
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "placement": placement.record(cfg.bind, [r["placement"] for r in ranks]),
+        "environment": {**environment.by_rank([r["environment"] for r in ranks]), "adopted": adopted},
+        "optimizer": {"name": cfg.optimizer, "lr": cfg.lr},  # every hyper-parameter once it is built
+        "versions": environment.versions(),
+        "hosts": hosts, "command": sys.argv, "start_time": started,
+        "host": socket.gethostname(), "pid": os.getpid(),
+    }  # fmt: skip
+
+
+def _record_model(
+    recorder: results.Recorder, trainer: Trainer, backend: Backend, backend_name: str, fingerprints: dict[str, Any]
+) -> None:
+    """What run.json says of the model as built and of the backend's settings, before the first step."""
+    recorder.meta["fingerprint"] = fingerprints
+    recorder.meta["model_float_buffers"] = fingerprint.float_buffers(trainer.raw_model)
+    recorder.meta["knobs"] = backend.describe()
+    recorder.meta["optimizer"] = trainer.optimizer_meta
+    params = [p for p in trainer.raw_model.parameters() if p.requires_grad]
+    recorder.meta["model_parameters"] = sum(p.numel() for p in params)
+    recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, trainer.cfg, backend_name)
 
 
 def run(
@@ -237,19 +247,18 @@ def run(
     variable that one of them also sets is adopted only when it was not (benchmarks.environment.adopt).
     """
     user_env = environment.recorded_variables(os.environ)  # as the user gave it: nothing of ours is set yet
-    cfg = workloads.resolve(cfg)
     info = launch.detect()
     backend_cls = backends.get(backend_name)
     launch.check_supported(backend_name, backend_cls.launchers, info)
     cfg, options, adopted = environment.adopt_for_run(
         cfg, options, explicit, os.environ, info.launcher, info.local_world_size
     )
-    notes = [*notes, *environment.adoption_notes(adopted)]
     placement.apply(cfg.bind, info.local_rank, info.local_world_size)
-    workload = load_checked_workload(cfg, info.world_size, options)
-    backend_cls.check_model(workload.build_model, options)  # e.g. an FSDP unit policy that names nothing
-    data_print = fingerprint.of_data(workload.train, workload.val)  # compared across ranks once they have joined
-    workload, weight_prints = fingerprint.recording(workload)
+    ready = workloads.prepare(cfg, info.world_size, autotune=getattr(options, "autotune", False))
+    cfg = ready.cfg
+    backend_cls.check_model(ready.workload.build_model, options)  # e.g. an FSDP unit policy that names nothing
+    data_print = fingerprint.of_data(ready.workload.train, ready.workload.val)  # compared once the ranks join
+    workload, weight_prints = fingerprint.recording(ready.workload)
     backend_cls.check_available()
     if cfg.run_id and not cfg.overwrite and (Path(cfg.out) / cfg.run_id).exists():
         # Caught here, before any rank joins a job, rather than only by rank 0 after start-up.
@@ -258,72 +267,17 @@ def run(
     threads = cfg.threads or launch.default_threads(info.local_world_size)
     torch.set_num_threads(threads)
     if info.rank == 0:
-        for note in notes:
+        for note in [*notes, *environment.adoption_notes(adopted)]:
             print(note, file=sys.stderr, flush=True)
     started = _now()
     backend = backend_cls(cfg, options, info)
-    recorder: results.Recorder | None = None
-    run_dir: Path | None = None
-
-    # Held while a failure is written: the signal watcher exits the process right after its own (skipped)
-    # record, which must not cut short the main thread's write of run.json (an fsync can take seconds on a
-    # busy disk). Bounded all the same: a failure must be written even if the lock is never released.
-    recording = threading.Lock()
-
-    def record_failure(error: str) -> None:
-        held = recording.acquire(timeout=RECORD_WAIT_S)
-        try:
-            if recorder is not None and recorder.meta["status"] == "running":
-                notes = [n for n in guard.read_failure_notes(recorder.run_dir) if n["rank"] != backend.rank]
-                if notes:
-                    root = notes[0]
-                elif PEER_LOST.search(error):  # a rank killed or hung leaves no note: rank 0 only saw it go
-                    root = {"rank": None, "error": f"another rank died or stopped answering (rank 0 saw: {error})"}
-                else:
-                    root = {"rank": backend.rank, "error": error}
-                recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
-                                rank0_error=error)  # fmt: skip
-            elif run_dir is not None and backend.rank != 0:
-                guard.write_failure_note(run_dir, backend.rank, error)
-        finally:
-            if held:
-                recording.release()
-
-    said = threading.Lock()  # the main thread, the SIGTERM watcher and the watchdog may all fail the run
-
-    def fail(error: str) -> str:
-        """Record the failure; rank 0 says it once, naming the root cause's rank and the run directory."""
-        record_failure(error)
-        meta = recorder.meta if recorder is not None else {"error": error}
-        rank = f" on rank {meta['failed_rank']}" if meta.get("failed_rank") is not None else ""
-        where = f"; details in {recorder.run_dir / 'run.json'}" if recorder is not None else ""
-        # The recorder's lock may be held elsewhere when a signal comes: its meta then lacks the error.
-        message = f"run failed{rank}: {meta.get('error') or error}{where}"
-        if backend.rank == 0 and said.acquire(blocking=False):
-            with contextlib.suppress(OSError):  # a launcher killed outright took the pipe with it
-                print(f"distbench: error: {message}", file=sys.stderr, flush=True)
-        return message
-
-    def stop_on_signal(why: str) -> None:
-        fail(why)
-        if recorder is not None:  # the process exits next: no row may be half-appended when it does
-            recorder.lock.acquire(timeout=RECORD_WAIT_S)
-        elif run_dir is not None:  # exiting first would let mpirun SIGKILL rank 0 before it records
-            guard.wait_for_record(run_dir / results.RUN_JSON)
-
-    guard.install_signal_watcher(stop_on_signal)
-    # Under a launcher, the parent is the launcher: one killed outright cannot stop its ranks any more.
+    failure = _Failure(backend.rank)
+    guard.install_signal_watcher(failure.stop_on_signal)
+    # Under a launcher, the parent is the launcher: one killed outright cannot stop its ranks any more. The
+    # watchdog's grace lets collectives' timeouts fire first.
     parent = os.getppid() if info.launcher in LAUNCHER_PARENTS else None
-    watchdog = guard.Watchdog(cfg.timeout, fail, parent=parent)  # its grace lets collectives' timeouts fire first
-    try:
-        backend.init()
-    except (InputError, launch.WrongLauncherError):
-        watchdog.stop()
-        raise
-    except Exception as exc:
-        watchdog.stop()
-        raise RunFailed(fail(f"the {backend_name} backend could not start: {_describe(exc)}")) from exc
-    watchdog.beat()
+    watchdog = guard.Watchdog(cfg.timeout, failure.fail, parent=parent)
+    _start_backend(backend, backend_name, failure, watchdog)
     try:
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
         hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
@@ -331,42 +285,19 @@ def run(
             {"placement": placement.of_rank(backend.device.type, backend.device.index), "environment": user_env}
         )
         fingerprint.check_data(data_print, backend.all_gather_object, cfg.workload)  # bad input: no run directory
-        meta = {
-            "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
-            "launcher_detail": info.detail, "world_size": info.world_size,
-            "local_world_size": info.local_world_size, "workload": cfg.workload,
-            "oversubscribed": oversubscribed(info.local_world_size), "cpus": os.cpu_count(),
-            "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
-            "train_size": data.size(workload.train), "val_size": data.size(workload.val),
-            "workload_args": workload.args,
-            "config": {**(given or {}), **dataclasses.asdict(cfg), **dataclasses.asdict(options)},
-            "workload_source": workloads.source(cfg.workload), "knobs": {}, "threads": threads,
-            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-            "placement": placement.record(cfg.bind, [r["placement"] for r in ranks]),
-            "environment": {**environment.by_rank([r["environment"] for r in ranks]), "adopted": adopted},
-            "optimizer": {"name": cfg.optimizer, "lr": cfg.lr},  # every hyper-parameter once it is built
-            "versions": environment.versions(),
-            "hosts": hosts, "command": sys.argv, "start_time": started,
-            "host": socket.gethostname(), "pid": os.getpid(),
-        }  # fmt: skip
+        meta = _meta(run_id, backend_name, info, ready, options, given, ranks, hosts, adopted, threads, started)
         if info.rank == 0 and meta["oversubscribed"]:
             print(f"distbench: warning: {info.local_world_size} ranks on {os.cpu_count()} cores: this measures "
                   "time-slicing, not scaling", file=sys.stderr, flush=True)  # fmt: skip
-        recorder = _open_recorder(backend, cfg, meta)
-        run_dir = Path(cfg.out) / run_id  # this job's from here on: failure notes may go into it
+        recorder = failure.recorder = _open_recorder(backend, cfg, meta)
+        failure.run_dir = Path(cfg.out) / run_id  # this job's from here on: failure notes may go into it
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         weights = fingerprint.weights_record(backend.all_gather_object(weight_prints[-1]))
         if backend.rank == 0 and not weights["initial_weights_agree"]:
             print("distbench: warning: build_model() gave the ranks different initial weights (harmless: every "
                   "rank starts from rank 0's, broadcast); see run.json fingerprint", file=sys.stderr)  # fmt: skip
         if recorder is not None:
-            recorder.meta["fingerprint"] = {**data_print, **weights}
-            recorder.meta["model_float_buffers"] = fingerprint.float_buffers(trainer.raw_model)
-            recorder.meta["knobs"] = backend.describe()
-            recorder.meta["optimizer"] = trainer.optimizer_meta
-            params = [p for p in trainer.raw_model.parameters() if p.requires_grad]
-            recorder.meta["model_parameters"] = sum(p.numel() for p in params)
-            recorder.meta["gradient_bytes_per_step"] = gradient_bytes(params, cfg, backend_name)
+            _record_model(recorder, trainer, backend, backend_name, {**data_print, **weights})
         trainer.fit()
         if recorder is not None:
             recorder.meta["knobs"].update(backend.settled(recorder.run_dir))
@@ -374,7 +305,7 @@ def run(
             raise guard.LauncherGone(parent)
         if recorder is not None:
             recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
-            with recording:  # a signal now waits for the write, and finds the run completed
+            with failure.recording:  # a signal now waits for the write, and finds the run completed
                 recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
             return recorder.run_dir
         return None
@@ -385,9 +316,9 @@ def run(
                     print(f"distbench: error: {exc}", file=sys.stderr, flush=True)
                 exc.said = True
             else:
-                record_failure(_describe(exc))
+                failure.record(_describe(exc))
             raise  # bad input and a full disk have their own one line; SystemExit keeps its code
-        raise RunFailed(fail(_describe(exc))) from exc
+        raise RunFailed(failure.fail(_describe(exc))) from exc
     finally:
         watchdog.beat()  # shutting down may wait on peers too; give it a full timeout
         backend.shutdown()

@@ -43,7 +43,7 @@ def job_for(job: Job, plan: horovod_autotune.Plan) -> Job:
     cfg = job.cfg
     if cfg.train_size is None:
         raise InputError("tune --autotune lengthens the autotuned run by whole epochs: give --train-size")
-    per_epoch = cfg.train_size // job.ranks // cfg.batch_size // cfg.accumulate  # as harness.load_checked_workload
+    per_epoch = cfg.train_size // job.ranks // cfg.batch_size // cfg.accumulate  # as workloads.checks.check_steps
     per_epoch = min(per_epoch, cfg.steps_per_epoch or per_epoch)
     timed = cfg.epochs * per_epoch - cfg.warmup_steps
     epochs = -(-(plan.steps + timed) // max(per_epoch, 1))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import catalog, config, errors, files
+from benchmarks import config, errors, files
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
 from benchmarks.suite import jobs as processes
@@ -309,18 +309,18 @@ def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> None:
     `options`, also whether they apply to the workload's model (FSDP2's unit policy), in one line for all."""
     for job in jobs:
         validate(job.variant.backend, job.cfg)
-    from benchmarks.run import fingerprint, harness  # imports torch: only past the checks that need none
+    from benchmarks.run import fingerprint, workloads  # prepare imports torch: only past the checks that need none
 
     # Horovod's autotuner (given, or exported and adopted by the ranks) needs its search within the warm-up.
     exported = os.environ.get("HOROVOD_AUTOTUNE", "").strip() not in ("", "0")
     tuned = {id(j): "--autotune" in j.knobs or (exported and j.variant.backend == "horovod") for j in jobs}
     for job in {(j.cfg.batch_size, j.ranks, tuned[id(j)]): j for j in jobs}.values():
-        workload = harness.load_checked_workload(job.cfg, job.ranks, argparse.Namespace(autotune=tuned[id(job)]))
+        ready = workloads.prepare(job.cfg, job.ranks, autotune=tuned[id(job)])
     for backend, option in (options or {}).items():  # the model is the same at every world size
-        backends.get(backend).check_model(workload.build_model, option)
+        backends.get(backend).check_model(ready.workload.build_model, option)
     cfg = jobs[0].cfg
-    if catalog.parse(cfg.workload).kind == "custom":  # a built-in is seeded; a user's may make data at import
-        fingerprint.check_fresh_process(workload, cfg.workload, cfg.seed, (cfg.train_size, cfg.val_size))
+    if ready.name.kind == "custom":  # a built-in is seeded; a user's may make data at import
+        fingerprint.check_fresh_process(ready.workload, cfg.workload, cfg.seed, (cfg.train_size, cfg.val_size))
 
 
 def command(args: argparse.Namespace) -> int:

@@ -358,9 +358,10 @@ def test_python_examples_run(block: Block, tmp_path: Path, monkeypatch: pytest.M
     try:
         module = importlib.import_module(name)
         if hasattr(module, "factory"):  # a workload: what `distbench run --workload NAME:factory` checks first
-            from benchmarks.run import harness, workloads
+            from benchmarks.run import workloads
+            from benchmarks.run.workloads import checks
 
-            harness.check_workload(workloads.load(f"{name}:factory", seed=0), f"{name}:factory")
+            checks.check_workload(workloads.load(f"{name}:factory", seed=0), f"{name}:factory")
     except Exception as exc:
         pytest.fail(f"{block} ({filename}) does not work as written: {type(exc).__name__}: {exc}")
     finally:

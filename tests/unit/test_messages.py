@@ -19,8 +19,7 @@ from torch import nn
 from benchmarks import environment
 from benchmarks.cli import build_parser, main
 from benchmarks.errors import InputError
-from benchmarks.run import harness
-from benchmarks.run.workloads import Workload
+from benchmarks.run.workloads import Workload, checks
 from benchmarks.suite import compare, variants
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +46,7 @@ def _workload(loss, outputs: int = 1) -> Workload:
 )
 def test_the_loss_shape_hint_fits_the_shape_it_got(loss, outputs: int, hint: str) -> None:
     with pytest.raises(InputError) as caught:
-        harness.check_workload(_workload(loss, outputs), "mine:factory")
+        checks.check_workload(_workload(loss, outputs), "mine:factory")
     assert hint in str(caught.value), caught.value
 
 

@@ -144,10 +144,8 @@ def test_compare_runs_each_strategy_as_its_own_job() -> None:
 
 
 def test_eval_only_needs_no_timed_training_step() -> None:
-    from benchmarks.run import harness
-
     cfg = workloads.resolve(RunConfig(workload="linear", steps_per_epoch=1, epochs=1, eval_only=True))
     validate("ddp", cfg)  # one step, all of it warm-up: nothing to time in training, and none is needed
-    assert harness.load_checked_workload(cfg, 2).name == "linear"
+    assert workloads.prepare(cfg, 2).workload.name == "linear"
     with pytest.raises(InputError, match="leaves no timed step"):
-        harness.load_checked_workload(workloads.resolve(RunConfig(workload="linear", steps_per_epoch=1, epochs=1)), 2)
+        workloads.prepare(RunConfig(workload="linear", steps_per_epoch=1, epochs=1), 2)

@@ -220,7 +220,7 @@ class Pairs(Dataset):
 
 def test_a_dataset_of_non_pairs_is_refused() -> None:
     from benchmarks.errors import InputError
-    from benchmarks.run.harness import check_workload
+    from benchmarks.run.workloads.checks import check_workload
 
     good = workloads.load("linear", 0, 64, 8)
     for item, text in ((torch.zeros(10), "train\\[0\\] is Tensor; a Dataset's item i must be the pair"),

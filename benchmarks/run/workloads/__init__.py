@@ -7,6 +7,9 @@ user's own is loaded with `--workload package.module:factory`, where
 What each name means (built-ins, size arguments such as `transformer:dim=768,layers=12,heads=12`,
 presets such as `gpt2-small`, `hf:` models) and the options each brings are declared once in
 `benchmarks.catalog`, which this package reads.
+
+A run asks once, `prepare(cfg, world_size)`, and gets a `ResolvedWorkload`: its options with the workload's
+defaults filled in, the workload built and checked (`checks`), and the source run.json pins.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.catalog import HF, REGISTRY, Name, defaults_for, parse
+from benchmarks.errors import InputError
 
 if TYPE_CHECKING:
     import torch
@@ -54,10 +58,49 @@ class Workload:
 DATA_CACHE = Path(os.environ.get("DISTBENCH_DATA_CACHE", Path.home() / ".cache" / "distbench" / "data"))
 
 
+@dataclass(frozen=True)
+class ResolvedWorkload:
+    """What a run needs of its workload, asked for once (`prepare`); the harness then only runs it."""
+
+    cfg: RunConfig
+    """The run's options, every one left at None that the workload has a default for filled in."""
+    name: Name
+    """`cfg.workload`, parsed once."""
+    workload: Workload
+    """Built and checked: well-formed, and a timed step for every rank at the world size asked for."""
+    train_size: int
+    val_size: int
+    source: dict[str, str]
+    """The file the factory lives in and its SHA-256 (run.json `workload_source`), so run.json pins the code."""
+
+
+def prepare(cfg: RunConfig, world_size: int, autotune: bool = False) -> ResolvedWorkload:
+    """The workload `cfg` names, resolved, built and checked before any process group starts; InputError, in
+    one line, when it cannot be built, is malformed, or gives a rank no timed step (`autotune`: none after
+    Horovod's autotuner has searched)."""
+    from benchmarks.run import data
+    from benchmarks.run.workloads import checks
+
+    try:
+        parsed = parse(cfg.workload)
+        cfg = _filled(cfg, parsed.defaults)
+        workload = _build(parsed, cfg.workload, cfg.seed, cfg.train_size, cfg.val_size)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    checks.check_workload(workload, cfg.workload)
+    train_size = data.size(workload.train)
+    checks.check_steps(cfg, train_size, world_size, autotune)
+    return ResolvedWorkload(cfg, parsed, workload, train_size, data.size(workload.val), _source(parsed))
+
+
 def resolve(cfg: RunConfig) -> RunConfig:
-    """`cfg` with every option left at None that the workload has a default for filled in."""
-    fill = {k: v for k, v in defaults_for(cfg.workload).items() if getattr(cfg, k) is None}
-    return dataclasses.replace(cfg, **fill)
+    """`cfg` with every option left at None that the workload has a default for filled in; a bad name is
+    left for `parse` to say."""
+    return _filled(cfg, defaults_for(cfg.workload))
+
+
+def _filled(cfg: RunConfig, defaults: dict[str, Any]) -> RunConfig:
+    return dataclasses.replace(cfg, **{k: v for k, v in defaults.items() if getattr(cfg, k) is None})
 
 
 def _factory(name: str) -> Callable[..., Any]:
@@ -82,8 +125,12 @@ def _module_of(parsed: Name) -> str:
 
 
 def load(name: str, seed: int, train_size: int | None = None, val_size: int | None = None) -> Workload:
-    """Build a workload by registry name or `package.module:factory`; ValueError, naming it, on any failure."""
-    parsed = parse(name)
+    """Build a workload by registry name or `package.module:factory`; ValueError, naming it, on any failure.
+    Unchecked: a run's goes through `prepare`."""
+    return _build(parse(name), name, seed, train_size, val_size)
+
+
+def _build(parsed: Name, name: str, seed: int, train_size: int | None, val_size: int | None) -> Workload:
     if parsed.kind == "custom":
         factory = _factory(name)
         args: dict[str, Any] = {}
@@ -111,9 +158,9 @@ def load(name: str, seed: int, train_size: int | None = None, val_size: int | No
     return workload
 
 
-def source(name: str) -> dict[str, str]:
-    """The file a loaded workload's factory lives in and its SHA-256, so run.json pins the exact code."""
-    module_name = _module_of(parse(name))
+def _source(parsed: Name) -> dict[str, str]:
+    """The file a built workload's factory lives in (imported by building it) and its SHA-256."""
+    module_name = _module_of(parsed)
     path = getattr(sys.modules.get(module_name), "__file__", None)
     if path is None:
         return {"module": module_name, "file": "", "sha256": ""}
