@@ -9,8 +9,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from backends.base import Backend
 
-_MODULES = {"ddp": "backends.ddp:DDPBackend", "horovod": "backends.horovod:HorovodBackend",
-            "fsdp": "backends.fsdp:FSDPBackend", "single": "backends.single:SingleBackend"}  # fmt: skip
+_MODULES = {
+    "ddp": "backends.ddp:DDPBackend",
+    "horovod": "backends.horovod:HorovodBackend",
+    "fsdp": "backends.fsdp:FSDPBackend",
+    "single": "backends.single:SingleBackend",
+}
 NAMES = tuple(_MODULES)
 ONE_PROCESS = frozenset({"single"})
 """Backends that always run as one process, whatever --nproc or launcher the others get."""

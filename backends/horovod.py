@@ -49,8 +49,11 @@ class HorovodBackend(Backend[HorovodConfig]):
         # (benchmarks.environment.adopt_for_run, before any process group).
         # Horovod: under the autotuner a knob it is given is held constant, left out of its search; so only a
         # value moved from its default (given, or exported and adopted) is given then, or one exported as is.
-        self.held = [k for k, var in KNOB_VARIABLES.items() if not self.options.autotune or os.environ.get(var)
-                     or getattr(self.options, k) != getattr(HorovodConfig, k)]  # fmt: skip
+        self.held = [
+            k
+            for k, var in KNOB_VARIABLES.items()
+            if not self.options.autotune or os.environ.get(var) or getattr(self.options, k) != getattr(HorovodConfig, k)
+        ]
         if "fusion_threshold_mb" in self.held:
             os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(self.options.fusion_threshold_mb * 1024 * 1024))
         if "cycle_time_ms" in self.held:
@@ -161,5 +164,9 @@ class HorovodBackend(Backend[HorovodConfig]):
 
     def _autotune_plan(self) -> dict[str, Any]:
         plan = horovod_autotune.plan(os.environ, bool(self.hvd_module.nccl_built() or self.hvd_module.ddl_built()))
-        return {"held": self.held, "tuned": [k for k in KNOB_VARIABLES if k not in self.held]
-                + list(plan.tunable), "settled_within_steps": plan.steps, "derivation": plan.derivation()}  # fmt: skip
+        return {
+            "held": self.held,
+            "tuned": [k for k in KNOB_VARIABLES if k not in self.held] + list(plan.tunable),
+            "settled_within_steps": plan.steps,
+            "derivation": plan.derivation(),
+        }

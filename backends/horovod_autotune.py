@@ -46,9 +46,14 @@ GPU_ONLY = ("hierarchical_allreduce", "torus_allreduce")
 """Fixed to off by a build without NCCL or DDL allreduce."""
 LOG_NAME = "autotune.csv"
 LOG_COLUMNS = (
-    "hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce", "cache_enabled", "cycle_time_ms",
-    "tensor_fusion_threshold", "score",
-)  # fmt: skip
+    "hierarchical_allreduce",
+    "hierarchical_allgather",
+    "torus_allreduce",
+    "cache_enabled",
+    "cycle_time_ms",
+    "tensor_fusion_threshold",
+    "score",
+)
 """The header ParameterManager::Initialize writes; tensor_fusion_threshold is in MB, score in bytes per µs."""
 
 

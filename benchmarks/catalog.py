@@ -36,24 +36,29 @@ _B = "benchmarks.run.workloads.builtin"
 # left to the factory: every digit not in validation.
 REGISTRY: dict[str, WorkloadSpec] = {
     "linear": WorkloadSpec(
-        f"{_B}:linear", "nn.Linear(10, 1) regression, MSE",
+        f"{_B}:linear",
+        "nn.Linear(10, 1) regression, MSE",
         {"lr": 0.05, "batch_size": 32, "train_size": 4096, "val_size": 1024},
     ),
     "mlp": WorkloadSpec(
-        f"{_B}:mlp", "64-128-128-10 MLP on sklearn digits (1797)", {"lr": 0.1, "batch_size": 32, "val_size": 360},
+        f"{_B}:mlp",
+        "64-128-128-10 MLP on sklearn digits (1797)",
+        {"lr": 0.1, "batch_size": 32, "val_size": 360},
         {"hidden": 128, "layers": 2},
     ),
     "cnn": WorkloadSpec(
-        f"{_B}:cnn", "small ResNet with BatchNorm, 3x32x32",
+        f"{_B}:cnn",
+        "small ResNet with BatchNorm, 3x32x32",
         {"lr": 0.05, "batch_size": 32, "train_size": 2048, "val_size": 512},
         {"width": 16, "stages": 3, "blocks": 1},
     ),
     "transformer": WorkloadSpec(
-        f"{_B}:transformer", "tiny GPT, 4 layers, dim 128",
+        f"{_B}:transformer",
+        "tiny GPT, 4 layers, dim 128",
         {"lr": 0.3, "batch_size": 16, "train_size": 2048, "val_size": 256},
         {"vocab": 512, "context": 32, "dim": 128, "layers": 4, "heads": 4, "tied": 0},
     ),
-}  # fmt: skip
+}
 
 STORAGE = ("memory", "disk")
 """Every built-in's `storage` argument: `disk` writes its data once as numpy memmaps under DATA_CACHE and
@@ -73,16 +78,18 @@ class Preset:
 # Parameter counts and gradient bytes (fp32, per rank per step) are checked by tests/unit/test_workloads.py.
 PRESETS: dict[str, Preset] = {
     "gpt2-small": Preset(
-        "transformer", {"vocab": 50257, "context": 128, "dim": 768, "layers": 12, "heads": 12, "tied": 1},
+        "transformer",
+        {"vocab": 50257, "context": 128, "dim": 768, "layers": 12, "heads": 12, "tied": 1},
         "GPT-2 small's shape (tied embeddings), context 128: 123,751,680 parameters, 495.0 MB of gradients",
         {"lr": 0.01, "batch_size": 4, "train_size": 512, "val_size": 32},
     ),
     "cnn-25m": Preset(
-        "cnn", {"width": 96, "stages": 4, "blocks": 2},
+        "cnn",
+        {"width": 96, "stages": 4, "blocks": 2},
         "ResNet-18-like, 4 stages of 2 blocks, widths 96-768: 25,129,066 parameters, 100.5 MB of gradients",
         {"lr": 0.05, "batch_size": 16, "train_size": 1024, "val_size": 128},
     ),
-}  # fmt: skip
+}
 
 HF = "hf"
 HF_DEFAULTS: dict[str, Any] = {"lr": 0.01, "batch_size": 8, "train_size": 512, "val_size": 64}

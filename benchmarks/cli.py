@@ -46,8 +46,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from benchmarks.run import recorder as results
 
     backend_cls = backends.get(args.backend)
-    notes = [f"distbench: warning: {flag} cannot affect backend '{args.backend}' (another backend's option); "
-             "recorded in run.json only" for flag in config.inert_options(args, backend_cls.options_type)]  # fmt: skip
+    notes = [
+        f"distbench: warning: {flag} cannot affect backend '{args.backend}' (another backend's option); "
+        "recorded in run.json only"
+        for flag in config.inert_options(args, backend_cls.options_type)
+    ]
     if info.launcher == launch.PYTHON and args.backend not in backends.ONE_PROCESS:
         notes.append("no launcher detected: 1 rank; use torchrun/mpirun/horovodrun for more")
     try:
@@ -179,8 +182,10 @@ def no_space_line(args: argparse.Namespace, exc: OSError) -> str:
     completed = sum((check.meta_problems(d)[0] or {}).get("status") == "completed" for d in runs)
     passing = sum(not check.check_run(d) for d in runs)
     target = root / "final" if args.command == "tune" and load.find_run_dirs(root / "final") else root
-    return (f"{said}; kept: the {len(runs)} runs under {root} ({completed} completed, {passing} pass `distbench "
-            f"check`); free space and run `distbench report {target}`")  # fmt: skip
+    return (
+        f"{said}; kept: the {len(runs)} runs under {root} ({completed} completed, {passing} pass `distbench "
+        f"check`); free space and run `distbench report {target}`"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -358,8 +358,13 @@ class _StoreGiven(argparse.Action):
     """argparse's plain store, which also notes that the option was given: an option that an exported
     variable also sets is adopted from it only when not given (benchmarks.environment.adopt)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, values)
         setattr(namespace, GIVEN, {*getattr(namespace, GIVEN, ()), self.dest})
 
@@ -388,8 +393,14 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
             group.add_argument(flag_of(f), action=action, default=f.default).help = help_text
             continue
         kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(f.type), str)
-        group.add_argument(flag_of(f), type=kind, default=default, help=help_text, choices=f.metadata.get("choices"),
-                           action=_StoreGiven)  # fmt: skip
+        group.add_argument(
+            flag_of(f),
+            type=kind,
+            default=default,
+            help=help_text,
+            choices=f.metadata.get("choices"),
+            action=_StoreGiven,
+        )
 
 
 def from_namespace(section: type[T], args: argparse.Namespace) -> T:

@@ -117,19 +117,41 @@ def doctor() -> int:
 
 # --- environment variables that can change a measurement (run.json `environment`) -------------------------
 RECORDED_PREFIXES = (
-    "HOROVOD_", "NCCL_", "TORCH_", "PYTORCH_", "GLOO_", "OMPI_MCA_", "UCX_", "OMP_", "KMP_", "GOMP_", "MKL_",
-    "OPENBLAS_", "CUDA_", "MPI4PY_",
-)  # fmt: skip
+    "HOROVOD_",
+    "NCCL_",
+    "TORCH_",
+    "PYTORCH_",
+    "GLOO_",
+    "OMPI_MCA_",
+    "UCX_",
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "CUDA_",
+    "MPI4PY_",
+)
 """A variable is recorded when its name starts with one of these (TORCH_ covers TORCH_NCCL_), or is named in
 RECORDED_NAMES. Of Open MPI's own only its parameters, OMPI_MCA_*, are: OMPI_COMM_WORLD_* and the rest say
 where a rank sits, which run.json records already."""
 RECORDED_NAMES = ("LD_PRELOAD",)
 """A preloaded allocator (jemalloc, tcmalloc) changes step times."""
 LAUNCHER_WIRING = (
-    "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir", "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
-    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-    "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_",
-)  # fmt: skip
+    "OMPI_MCA_orte_",
+    "OMPI_MCA_ess",
+    "OMPI_MCA_pmix",
+    "OMPI_MCA_initial_wdir",
+    "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_GLOO_RENDEZVOUS_",
+)
 """Left out although their prefix matches: what the launcher sets for each job or rank to wire it up (its
 rank, size, host, rendezvous address and port, session directories, job ids), which says nothing about
 how fast it runs; a name starting with one of these strings is dropped."""
@@ -212,8 +234,9 @@ def _text(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def adopt(section: T, explicit: Collection[str], env: Mapping[str, str],
-          ignore: Collection[str] = ()) -> tuple[T, dict[str, dict[str, Any]]]:  # fmt: skip
+def adopt(
+    section: T, explicit: Collection[str], env: Mapping[str, str], ignore: Collection[str] = ()
+) -> tuple[T, dict[str, dict[str, Any]]]:
     """`section` (a config dataclass) with the rule applied to each of its fields in ENV_OPTIONS, and what was
     adopted ({field: {'from': 'VAR=text', 'value': value}}: run.json `environment.adopted`). A field counts
     as given when it is in `explicit` (the options on the command line) or differs from its default. Raises
@@ -230,8 +253,9 @@ def adopt(section: T, explicit: Collection[str], env: Mapping[str, str],
             try:
                 values[name] = opt.read(text)
             except ValueError:
-                raise InputError(f"{name}={text!r} in the environment is not a valid {opt.flag} value; "
-                                 f"unset it or give a number") from None  # fmt: skip
+                raise InputError(
+                    f"{name}={text!r} in the environment is not a valid {opt.flag} value; unset it or give a number"
+                ) from None
         if not values:
             continue
         current = getattr(section, opt.field)
@@ -255,20 +279,26 @@ def adoption_notes(adopted: dict[str, dict[str, Any]], who: str = "distbench") -
     """The lines that say what the environment set: 'distbench: OMP_NUM_THREADS=4 from the environment sets
     --threads 4'."""
     flags = {o.field: o.flag for o in ENV_OPTIONS}
-    return [f"{who}: {a['from']} from the environment sets {flags[field]} {_text(a['value'])} (docs/fairness.md)"
-            for field, a in adopted.items()]  # fmt: skip
+    return [
+        f"{who}: {a['from']} from the environment sets {flags[field]} {_text(a['value'])} (docs/fairness.md)"
+        for field, a in adopted.items()
+    ]
 
 
 TRACE_TIMELINE = "HOROVOD_TIMELINE"
 
 
-def adopt_for_run(cfg: T, options: Any, explicit: Collection[str], env: Mapping[str, str], launcher: str,
-                  local_world_size: int) -> tuple[T, Any, dict[str, dict[str, Any]]]:  # fmt: skip
+def adopt_for_run(
+    cfg: T, options: Any, explicit: Collection[str], env: Mapping[str, str], launcher: str, local_world_size: int
+) -> tuple[T, Any, dict[str, dict[str, Any]]]:
     """The rule for `distbench run`, on every rank before any process group: run options and the backend's own.
     torchrun's own OMP_NUM_THREADS=1 is not the user's (TORCHRUN_OMP); with --trace, Horovod's timeline
     variable is distbench's to set."""
-    ignore = ["OMP_NUM_THREADS"] if launcher == "torchrun" and local_world_size > 1 and env.get(
-        "OMP_NUM_THREADS", "").strip() == TORCHRUN_OMP else []  # fmt: skip
+    ignore = (
+        ["OMP_NUM_THREADS"]
+        if launcher == "torchrun" and local_world_size > 1 and env.get("OMP_NUM_THREADS", "").strip() == TORCHRUN_OMP
+        else []
+    )
     cfg, adopted = adopt(cfg, explicit, env, ignore)
     options, more = adopt(options, explicit, env)
     if getattr(cfg, "trace", False) and hasattr(options, "fusion_threshold_mb") and env.get(TRACE_TIMELINE):

@@ -111,8 +111,22 @@ def project_wheel(dest: Path) -> Path:
             shutil.copy2(ROOT / name, src / name)
         for package in PACKAGES:
             shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-             "-w", str(dest), str(src)], "make setup gives .venv the setuptools it builds with")  # fmt: skip
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "-w",
+                str(dest),
+                str(src),
+            ],
+            "make setup gives .venv the setuptools it builds with",
+        )
     return next(dest.glob("distbench-*.whl"))
 
 

@@ -107,8 +107,15 @@ class Check:
             return -1, "not run: the budget was spent"
         # Its own session: a timeout must stop the whole tree (torchrun's workers, make's compilers), or a
         # worker left behind would hold the GPU for the steps after it.
-        child = subprocess.Popen(argv, cwd=self.out, env=env or self.env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        child = subprocess.Popen(
+            argv,
+            cwd=self.out,
+            env=env or self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             text, _ = child.communicate(timeout=limit)
             rc = child.returncode
@@ -198,9 +205,26 @@ def distbench_run(
     required: bool = True,
 ) -> dict:
     """One `distbench run` on CUDA, bare or under a launcher (`python -m <launcher> ...`); summary.csv's row."""
-    argv = [sys.executable, *launcher, "-m", "benchmarks.cli", "run", "--backend", backend, "--workload",
-            workload[0], "--device", DEVICE, *RUN_ARGS, "--steps-per-epoch", str(steps + 5),
-            "--out", str(c.out / "runs"), "--run-id", name]  # fmt: skip
+    argv = [
+        sys.executable,
+        *launcher,
+        "-m",
+        "benchmarks.cli",
+        "run",
+        "--backend",
+        backend,
+        "--workload",
+        workload[0],
+        "--device",
+        DEVICE,
+        *RUN_ARGS,
+        "--steps-per-epoch",
+        str(steps + 5),
+        "--out",
+        str(c.out / "runs"),
+        "--run-id",
+        name,
+    ]
     if train_size:
         argv += ["--train-size", str(train_size)]
     rc, text = c.run(name, argv, timeout)
@@ -212,15 +236,33 @@ def distbench_run(
     ok = 0.8 <= share <= 1.02
     detail = f"{float(row['samples_per_s']):.1f} samples/s, step p50 {float(row['step_p50_s']) * 1e3:.2f} ms, "
     detail += f"phases/step {share:.3f}" + ("" if ok else " (the CUDA-event phases do not tile the step)")
-    c.add(name, "pass" if ok else ("fail" if required else "warn"), detail, required,
-          samples_per_s=float(row["samples_per_s"]), phase_share=share)  # fmt: skip
+    c.add(
+        name,
+        "pass" if ok else ("fail" if required else "warn"),
+        detail,
+        required,
+        samples_per_s=float(row["samples_per_s"]),
+        phase_share=share,
+    )
     return row
 
 
 def raw_loop(c: Check, name: str, workload: tuple, timeout: float) -> dict:
     wname, steps, train_size, _ = workload
-    argv = [sys.executable, str(ROOT / "docker" / "gpu_raw_loop.py"), "--workload", wname, "--steps", str(steps),
-            "--warmup", "5", "--train-size", str(train_size), "--device", DEVICE]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "docker" / "gpu_raw_loop.py"),
+        "--workload",
+        wname,
+        "--steps",
+        str(steps),
+        "--warmup",
+        "5",
+        "--train-size",
+        str(train_size),
+        "--device",
+        DEVICE,
+    ]
     rc, text = c.run(name, argv, timeout)
     lines = [line for line in text.splitlines() if line.startswith("{")]  # warnings may come after it
     try:
@@ -246,10 +288,20 @@ def ratio(c: Check, workload: tuple, repeats: int, timeout: float) -> dict:
     best = max(raw, key=lambda r: r["samples_per_s"])
     value = max(harness) / best["samples_per_s"]
     synced = max(r["samples_per_s_sync_each_step"] for r in raw)
-    detail = (f"harness/raw {value:.3f} (target >= {RATIO_TARGET}); harness {max(harness):.1f}, raw "
-              f"{best['samples_per_s']:.1f}, raw with a sync per step {synced:.1f} samples/s")  # fmt: skip
-    c.add(f"ratio-{wname}", "pass" if value >= RATIO_TARGET else "warn", detail, False, ratio=value,
-          harness=max(harness), raw=best["samples_per_s"], raw_sync_each_step=synced)  # fmt: skip
+    detail = (
+        f"harness/raw {value:.3f} (target >= {RATIO_TARGET}); harness {max(harness):.1f}, raw "
+        f"{best['samples_per_s']:.1f}, raw with a sync per step {synced:.1f} samples/s"
+    )
+    c.add(
+        f"ratio-{wname}",
+        "pass" if value >= RATIO_TARGET else "warn",
+        detail,
+        False,
+        ratio=value,
+        harness=max(harness),
+        raw=best["samples_per_s"],
+        raw_sync_each_step=synced,
+    )
     return {"raw": best, "harness": next((r for r in runs if r), {})}
 
 
@@ -281,15 +333,31 @@ def sharded_beside_ddp(c: Check, wname: str, pair: dict[str, dict]) -> None:
     speed = number(fsdp.get("samples_per_s")) / number(ddp.get("samples_per_s"))
     peaks = [number(row.get("cuda_max_allocated_mb_max")) for row in (fsdp, ddp)]
     detail = f"fsdp {speed:.2f}x DDP's samples/s; CUDA peak {peaks[0]:.0f} vs {peaks[1]:.0f} MiB (fsdp vs ddp)"
-    c.add(f"fsdp-vs-ddp-{wname}", "pass", detail, False, speed_ratio=speed, fsdp_peak_mb=peaks[0],
-          ddp_peak_mb=peaks[1])  # fmt: skip
+    c.add(f"fsdp-vs-ddp-{wname}", "pass", detail, False, speed_ratio=speed, fsdp_peak_mb=peaks[0], ddp_peak_mb=peaks[1])
 
 
 def allreduce(c: Check, gpus: int) -> None:
     ranks = min(2, gpus)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-            "-m", "benchmarks.cli", "allreduce", "--impl", "torch", "--device", DEVICE, "--quiet",
-            "--out", str(c.out / "allreduce"), "--run-id", f"torch-nccl-w{ranks}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "-m",
+        "benchmarks.cli",
+        "allreduce",
+        "--impl",
+        "torch",
+        "--device",
+        DEVICE,
+        "--quiet",
+        "--out",
+        str(c.out / "allreduce"),
+        "--run-id",
+        f"torch-nccl-w{ranks}",
+    ]
     rc, text = c.run("allreduce", argv, 150)
     path = c.out / "allreduce" / f"torch-nccl-w{ranks}" / "allreduce.csv"
     rows = list(csv.DictReader(path.open(newline=""))) if rc == 0 and path.is_file() else []
@@ -343,8 +411,10 @@ def steps(c: Check, facts: dict) -> None:
         memory(c, workload[0], pair)
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
     for workload, timeout in ((CNN, 90), (GPT2, 120)):
-        pair = {b: distbench_run(c, f"{b}-{workload[0]}", b, workload, workload[3], timeout, launcher=torchrun)
-                for b in ("ddp", "fsdp")}  # fmt: skip
+        pair = {
+            b: distbench_run(c, f"{b}-{workload[0]}", b, workload, workload[3], timeout, launcher=torchrun)
+            for b in ("ddp", "fsdp")
+        }
         sharded_beside_ddp(c, workload[0], pair)
     allreduce(c, facts["gpus"])
     dirs = [d for d in ("runs", "allreduce") if (c.out / d).is_dir()]
@@ -365,17 +435,25 @@ def write_summary(c: Check, facts: dict, spent_s: float, budget_s: float, code: 
         "",
         "| check | result | required | what was seen |",
         "|---|---|---|---|",
-        *(f"| {r.name} | {r.status} | {'yes' if r.required else 'no'} | {r.detail.replace('|', '/')} |"
-          for r in c.results),
+        *(
+            f"| {r.name} | {r.status} | {'yes' if r.required else 'no'} | {r.detail.replace('|', '/')} |"
+            for r in c.results
+        ),
         "",
         f"Harness/raw ratio target: >= {RATIO_TARGET} (a ratio below it is reported, not failed). Run directories",
         "are under `runs/` and `allreduce/`, every step's output under `logs/`.",
         "",
         *(f"- {note}" for note in c.notes),
-    ]  # fmt: skip
+    ]
     (c.out / "summary.md").write_text("\n".join(lines) + "\n")
-    record = {"passed": code == 0, "facts": facts, "spent_s": spent_s, "budget_s": budget_s, "notes": c.notes,
-              "results": [r.__dict__ for r in c.results]}  # fmt: skip
+    record = {
+        "passed": code == 0,
+        "facts": facts,
+        "spent_s": spent_s,
+        "budget_s": budget_s,
+        "notes": c.notes,
+        "results": [r.__dict__ for r in c.results],
+    }
     (c.out / "summary.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -388,15 +466,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     facts = probe_cuda(sys.executable)
     if isinstance(facts, str):
-        return fail_fast(f"gpu-check needs a CUDA GPU and {sys.executable} has none ({facts}); run it on a GPU "
-                         "machine with gpu-bundle/ from make gpu-bundle (docs/gpu.md)")  # fmt: skip
+        return fail_fast(
+            f"gpu-check needs a CUDA GPU and {sys.executable} has none ({facts}); run it on a GPU "
+            "machine with gpu-bundle/ from make gpu-bundle (docs/gpu.md)"
+        )
     bundle = Path(args.bundle).resolve()
     if not list(bundle.glob("distbench-*.whl")) or not (bundle / "horovod-0.28.1.tar.gz").is_file():
         return fail_fast(f"no gpu bundle in {bundle}; run make gpu-bundle on a machine with a package registry")
     stale = stale_files(next(bundle.glob("distbench-*.whl")))
     if stale:
-        return fail_fast(f"{bundle.name}/ holds another tree ({len(stale)} files differ, e.g. {stale[0]}); "
-                         "run make gpu-bundle again")  # fmt: skip
+        return fail_fast(
+            f"{bundle.name}/ holds another tree ({len(stale)} files differ, e.g. {stale[0]}); run make gpu-bundle again"
+        )
     out = Path(args.out).resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(bundle / "wheels"), "PYTHONUNBUFFERED": "1"}

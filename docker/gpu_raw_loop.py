@@ -67,14 +67,23 @@ def main(argv: list[str] | None = None) -> None:
         step(batches[i % len(batches)])
     free = samples_per_s(args.warmup, sync_each_step=False)
     synced = samples_per_s(args.warmup + args.steps, sync_each_step=True)
-    print(json.dumps({
-        "workload": args.workload, "batch_size": cfg.batch_size, "steps": args.steps, "warmup": args.warmup,
-        "samples_per_s": free, "samples_per_s_sync_each_step": synced,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "parameter_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
-        "cuda_max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
-        "torch": torch.__version__, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "batch_size": cfg.batch_size,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "samples_per_s": free,
+                "samples_per_s_sync_each_step": synced,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "parameter_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
+                "cuda_max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
+                "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ CELL_TIMEOUT_S = 300
 def main(argv: list[str]) -> int:
     out = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(REPO)}})  # fmt: skip
+    client = nbclient.NotebookClient(
+        notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+    )
     try:
         client.execute()
     except nbclient.exceptions.CellExecutionError as exc:

@@ -79,8 +79,21 @@ def read_run(run_dir: Path) -> dict[str, pd.DataFrame]:
 # --- bad input under a launcher --------------------------------------------------------------------
 
 # A short linear run's options for `distbench run`, failing fast (--timeout 20).
-BAD_INPUT_RUN = ["--workload", "linear", "--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1", "--quiet",
-                 "--flush-every", "2", "--timeout", "20"]  # fmt: skip
+BAD_INPUT_RUN = [
+    "--workload",
+    "linear",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "6",
+    "--warmup-steps",
+    "1",
+    "--quiet",
+    "--flush-every",
+    "2",
+    "--timeout",
+    "20",
+]
 # launcher → (command prefix, backend, the exit code that launcher passes on for ranks exiting 2)
 BAD_INPUT_LAUNCHERS = {
     "torchrun": (lambda: torchrun(2), "ddp", 1),
@@ -120,8 +133,14 @@ def config(**fields: Any) -> RunConfig:
 
 def open_recorder(run_dir: Path, cfg: RunConfig, world_size: int) -> results.Recorder:
     """A run directory whose run.json `distbench check` accepts (a DDP run under torchrun, as it says)."""
-    meta = {"run_id": run_dir.name, "backend": "ddp", "launcher": TORCHRUN, "world_size": world_size,
-            "workload": cfg.workload, "global_batch": cfg.batch_size * world_size}  # fmt: skip
+    meta = {
+        "run_id": run_dir.name,
+        "backend": "ddp",
+        "launcher": TORCHRUN,
+        "world_size": world_size,
+        "workload": cfg.workload,
+        "global_batch": cfg.batch_size * world_size,
+    }
     return results.Recorder(run_dir, meta)
 
 
@@ -187,26 +206,69 @@ def make_run(
     `val` adds one validation row per value (at the last step); `meta` adds or overrides run.json keys.
     """
     world = len(step_s)
-    meta = {"run_id": run_id, "backend": backend, "launcher": "torchrun", "world_size": world,
-            "workload": "synthetic", "global_batch": samples * world, "threads": 1, **(meta or {})}  # fmt: skip
+    meta = {
+        "run_id": run_id,
+        "backend": backend,
+        "launcher": "torchrun",
+        "world_size": world,
+        "workload": "synthetic",
+        "global_batch": samples * world,
+        "threads": 1,
+        **(meta or {}),
+    }
     rec = results.Recorder(root / run_id, meta)
     timing = [
-        {"run_id": run_id, "backend": backend, "world_size": world, "rank": r, "epoch": 1, "step": i + 1,
-         "warmup": i < warmup, "samples": samples, "data_s": 0.0, "forward_s": t / 2, "backward_s": t / 2,
-         "optimizer_s": 0.0, "step_s": t}
-        for i in range(len(step_s[0])) for r, times in enumerate(step_s) for t in [times[i]]
-    ]  # fmt: skip
+        {
+            "run_id": run_id,
+            "backend": backend,
+            "world_size": world,
+            "rank": r,
+            "epoch": 1,
+            "step": i + 1,
+            "warmup": i < warmup,
+            "samples": samples,
+            "data_s": 0.0,
+            "forward_s": t / 2,
+            "backward_s": t / 2,
+            "optimizer_s": 0.0,
+            "step_s": t,
+        }
+        for i in range(len(step_s[0]))
+        for r, times in enumerate(step_s)
+        for t in [times[i]]
+    ]
     loss = [
-        {"run_id": run_id, "backend": backend, "world_size": world, "epoch": 1, "step": i + 1, "split": "train",
-         "loss": v, "accuracy": None, "samples": samples * world}
+        {
+            "run_id": run_id,
+            "backend": backend,
+            "world_size": world,
+            "epoch": 1,
+            "step": i + 1,
+            "split": "train",
+            "loss": v,
+            "accuracy": None,
+            "samples": samples * world,
+        }
         for i, v in enumerate(losses or [1.0] * len(step_s[0]))
-    ]  # fmt: skip
+    ]
     loss += [
-        {"run_id": run_id, "backend": backend, "world_size": world, "epoch": 1, "step": len(step_s[0]),
-         "split": "val", "loss": v, "accuracy": 0.5, "samples": 100, "val_pass": 1, "val_s": 0.01,
-         "val_samples_per_s": 100 / 0.01, "val_exact_loss": v}
+        {
+            "run_id": run_id,
+            "backend": backend,
+            "world_size": world,
+            "epoch": 1,
+            "step": len(step_s[0]),
+            "split": "val",
+            "loss": v,
+            "accuracy": 0.5,
+            "samples": 100,
+            "val_pass": 1,
+            "val_s": 0.01,
+            "val_samples_per_s": 100 / 0.01,
+            "val_exact_loss": v,
+        }
         for v in val or []
-    ]  # fmt: skip
+    ]
     rec.timing(timing)
     rec.loss(loss)
     if status == "completed":
@@ -221,13 +283,20 @@ def make_run(
 ONE_RANK = [[1.0, 0.1, 0.1]]
 CONFIG = {"batch_size": 10, "accumulate": 1, "warmup_steps": 1, "lr": 0.1}  # run.json's config, shared by both
 # run.json's keys of a DDP run and of a Horovod run of the same model and config (for make_run's `meta`).
-DDP = {"knobs": {"broadcast_buffers": True, "bucket_cap_mb": 25.0, "dist_backend": "gloo"},
-       "versions": {"torch": "2.13", "python": "3.10"}, "model_parameters": 1234,
-       "config": {**CONFIG, "out": "x", "run_id": "y"}}  # fmt: skip
-HOROVOD = {"knobs": {"broadcast_buffers": False, "fusion_threshold_mb": 128.0, "controller": "gloo"},
-           "versions": {"torch": "2.13", "python": "3.10", "horovod": "0.28"}, "model_parameters": 1234,
-           "launcher": "horovodrun", "launcher_detail": "gloo",
-           "config": {**CONFIG, "out": "z", "run_id": "w"}}  # fmt: skip
+DDP = {
+    "knobs": {"broadcast_buffers": True, "bucket_cap_mb": 25.0, "dist_backend": "gloo"},
+    "versions": {"torch": "2.13", "python": "3.10"},
+    "model_parameters": 1234,
+    "config": {**CONFIG, "out": "x", "run_id": "y"},
+}
+HOROVOD = {
+    "knobs": {"broadcast_buffers": False, "fusion_threshold_mb": 128.0, "controller": "gloo"},
+    "versions": {"torch": "2.13", "python": "3.10", "horovod": "0.28"},
+    "model_parameters": 1234,
+    "launcher": "horovodrun",
+    "launcher_detail": "gloo",
+    "config": {**CONFIG, "out": "z", "run_id": "w"},
+}
 
 # --- `distbench tune`'s keep rule --------------------------------------------------------------------
 

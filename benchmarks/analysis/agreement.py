@@ -58,8 +58,10 @@ class Agreement:
         if self.alone:
             return [f"loss, max abs difference between variants: nothing to compare ({self.alone})"]
         where = "; ".join(part for part in (", ".join(self.variants), setup) if part)
-        out = [f"loss, max abs difference between variants{f' ({where})' if where else ''}: train {text(self.train)}, "
-               f"validation {text(self.val)}"]  # fmt: skip
+        out = [
+            f"loss, max abs difference between variants{f' ({where})' if where else ''}: train {text(self.train)}, "
+            f"validation {text(self.val)}"
+        ]
         return out + [f"  {line}" for line in (self.inputs, self.explanation) if line]
 
     def __float__(self) -> float:
@@ -111,12 +113,16 @@ def _fingerprints(rs: RunSet, keys: list[str]) -> Inputs:
     weights = groups(lambda fp: fp.get("initial_weights"))
     result.data_differ, result.weights_differ = len(data) > 1, len(weights) > 1
     if result.data_differ:
-        result.words = (f"inputs: the runs trained on different data ({' vs '.join(data)}: run.json "
-                        "fingerprints differ), so they compare nothing; build the data from the factory's `seed` "
-                        "argument")  # fmt: skip
+        result.words = (
+            f"inputs: the runs trained on different data ({' vs '.join(data)}: run.json "
+            "fingerprints differ), so they compare nothing; build the data from the factory's `seed` "
+            "argument"
+        )
     elif result.weights_differ:
-        result.words = (f"inputs: the same data, but different initial weights ({' vs '.join(weights)}: run.json "
-                        "fingerprints differ)")  # fmt: skip
+        result.words = (
+            f"inputs: the same data, but different initial weights ({' vs '.join(weights)}: run.json "
+            "fingerprints differ)"
+        )
     else:
         result.words = f"inputs: the same data and initial weights in all {len(prints)} runs (run.json fingerprints)"
     return result

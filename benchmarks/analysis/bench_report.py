@@ -33,25 +33,53 @@ def write_synthetic_compare(root: Path, rows: int, ranks: int = 4, seed: int = 0
         run_dir.mkdir(parents=True)
         base = 0.05 if backend == "ddp" else 0.06
         phases = rng.gamma(20, base / 80, size=(steps * ranks, 4))
-        timing = pd.DataFrame({
-            "run_id": run_id, "backend": backend, "world_size": ranks,
-            "rank": np.tile(np.arange(ranks), steps), "epoch": 1, "step": np.repeat(np.arange(1, steps + 1), ranks),
-            "warmup": np.repeat(np.arange(1, steps + 1), ranks) <= 5, "samples": 32,
-            "data_s": phases[:, 0], "forward_s": phases[:, 1], "backward_s": phases[:, 2],
-            "optimizer_s": phases[:, 3], "step_s": phases.sum(axis=1),
-        })  # fmt: skip
+        timing = pd.DataFrame(
+            {
+                "run_id": run_id,
+                "backend": backend,
+                "world_size": ranks,
+                "rank": np.tile(np.arange(ranks), steps),
+                "epoch": 1,
+                "step": np.repeat(np.arange(1, steps + 1), ranks),
+                "warmup": np.repeat(np.arange(1, steps + 1), ranks) <= 5,
+                "samples": 32,
+                "data_s": phases[:, 0],
+                "forward_s": phases[:, 1],
+                "backward_s": phases[:, 2],
+                "optimizer_s": phases[:, 3],
+                "step_s": phases.sum(axis=1),
+            }
+        )
         files.write_csv(timing, run_dir / results.TIMING_CSV, index=False, columns=results.TIMING_COLUMNS)
-        loss = pd.DataFrame({
-            "run_id": run_id, "backend": backend, "world_size": ranks, "epoch": 1, "step": np.arange(1, steps + 1),
-            "split": "train", "loss": np.exp(-np.arange(steps) / steps), "accuracy": None, "samples": 32 * ranks,
-        })  # fmt: skip
+        loss = pd.DataFrame(
+            {
+                "run_id": run_id,
+                "backend": backend,
+                "world_size": ranks,
+                "epoch": 1,
+                "step": np.arange(1, steps + 1),
+                "split": "train",
+                "loss": np.exp(-np.arange(steps) / steps),
+                "accuracy": None,
+                "samples": 32 * ranks,
+            }
+        )
         # reindex: the validation columns (schema 4) are empty on train rows, as a run writes them
         files.write_csv(loss.reindex(columns=results.LOSS_COLUMNS), run_dir / results.LOSS_CSV, index=False)
         wall = float(timing[~timing.warmup].groupby("step")["step_s"].max().sum())  # a lock-step run
-        meta = {"run_id": run_id, "backend": backend, "world_size": ranks, "workload": "synthetic",
-                "launcher": "torchrun", "global_batch": 32 * ranks, "threads": 1, "timed_wall_s": wall}  # fmt: skip
-        results.write_json_atomic(run_dir / results.RUN_JSON, {"schema_version": results.SCHEMA_VERSION, **meta,
-                                                               "status": "completed"})  # fmt: skip
+        meta = {
+            "run_id": run_id,
+            "backend": backend,
+            "world_size": ranks,
+            "workload": "synthetic",
+            "launcher": "torchrun",
+            "global_batch": 32 * ranks,
+            "threads": 1,
+            "timed_wall_s": wall,
+        }
+        results.write_json_atomic(
+            run_dir / results.RUN_JSON, {"schema_version": results.SCHEMA_VERSION, **meta, "status": "completed"}
+        )
         timed = timing[~timing.warmup]
         slowest = timed.groupby("step")["step_s"].max()
         summary = results.summary_row(meta, slowest, int(timed["samples"].sum()), {"train": loss.iloc[-1]}, wall)

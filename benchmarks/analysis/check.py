@@ -176,8 +176,9 @@ def validation_problems(path: Path, row: pd.Series, loss: pd.DataFrame | None) -
     it, the strategy a known one, and the samples evaluated minus the duplicates the set's size."""
     problems = []
     if pd.notna(row["val_strategy"]) and row["val_strategy"] not in config.VAL_STRATEGIES:
-        problems.append(Problem(path, 2, f"val_strategy {row['val_strategy']!r} is not one of "
-                                         f"{', '.join(config.VAL_STRATEGIES)}"))  # fmt: skip
+        problems.append(
+            Problem(path, 2, f"val_strategy {row['val_strategy']!r} is not one of {', '.join(config.VAL_STRATEGIES)}")
+        )
     if loss is None or "val_s" not in loss:
         return problems
     val = loss[loss["split"] == "val"]
@@ -192,11 +193,20 @@ def validation_problems(path: Path, row: pd.Series, loss: pd.DataFrame | None) -
         problems.append(Problem(path, 2, f"val_s {row['val_s']:.6g} but loss.csv's val rows give {times.median():.6g}"))
     size = _numeric(val["samples"]).iloc[-1]
     if not np.isclose(size / row["val_s"], row["val_samples_per_s"], rtol=1e-6):
-        problems.append(Problem(path, 2, f"val_samples_per_s {row['val_samples_per_s']:.6g} is not the set's "
-                                         f"{size:g} samples ÷ val_s"))  # fmt: skip
+        problems.append(
+            Problem(
+                path, 2, f"val_samples_per_s {row['val_samples_per_s']:.6g} is not the set's {size:g} samples ÷ val_s"
+            )
+        )
     if pd.notna(row["val_samples"]) and row["val_samples"] - row["val_duplicates"] != size:
-        problems.append(Problem(path, 2, f"val_samples {row['val_samples']} − val_duplicates {row['val_duplicates']} "
-                                         f"is not the set's {size:g} samples"))  # fmt: skip
+        problems.append(
+            Problem(
+                path,
+                2,
+                f"val_samples {row['val_samples']} − val_duplicates {row['val_duplicates']} "
+                f"is not the set's {size:g} samples",
+            )
+        )
     return problems
 
 

@@ -14,11 +14,17 @@ from benchmarks.analysis.load import INTERRUPTED, RunSet
 from benchmarks.analysis.tables import seconds
 
 BACKEND_FACTS = {
-    "launcher": "launcher", "launcher_detail": "launcher detail", "knob_controller": "controller",
-    "knob_dist_backend": "process group", "world_size": "world size", "threads": "threads",
-    "omp_num_threads_env": "OMP_NUM_THREADS", "placement": "CPU placement", "optimizer": "optimizer",
+    "launcher": "launcher",
+    "launcher_detail": "launcher detail",
+    "knob_controller": "controller",
+    "knob_dist_backend": "process group",
+    "world_size": "world size",
+    "threads": "threads",
+    "omp_num_threads_env": "OMP_NUM_THREADS",
+    "placement": "CPU placement",
+    "optimizer": "optimizer",
     "knob_autotuned": "Horovod autotuner settled on",
-}  # fmt: skip
+}
 SHOWN_AS_FACTS = ("knob_autotune", "knob_autotuned")
 """Knobs of the facts table (the autotuner's search and outcome), not repeated among the differing options."""
 
@@ -52,18 +58,20 @@ def setup_table(rs: RunSet, per_run: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for setup, group in runs.groupby(keys, sort=False, dropna=False):
         get = group.get
-        rows.append({
-            **dict(zip(keys, setup, strict=True)),
-            "parameters": _values(get("model_parameters", pd.Series([None]))),
-            "batch per rank": _values(get("config_batch_size", pd.Series([None]))),
-            "accumulate": _values(get("config_accumulate", pd.Series([None]))),
-            "timed steps per run": _values(group["timed_steps"].dropna().astype(int)) or "—",
-            "timed window per run (s)": ", ".join(dict.fromkeys(map(seconds, group["timed_wall_s"].dropna())))
-            or "—",
-            "warm-up steps": _values(get("config_warmup_steps", pd.Series([None]))),
-            "validation buffers": _values(get("validation_buffers", pd.Series([None]))),
-            "runs": ", ".join(_counted(b, rows.status) for b, rows in group.groupby("backend", sort=False)),
-        })  # fmt: skip
+        rows.append(
+            {
+                **dict(zip(keys, setup, strict=True)),
+                "parameters": _values(get("model_parameters", pd.Series([None]))),
+                "batch per rank": _values(get("config_batch_size", pd.Series([None]))),
+                "accumulate": _values(get("config_accumulate", pd.Series([None]))),
+                "timed steps per run": _values(group["timed_steps"].dropna().astype(int)) or "—",
+                "timed window per run (s)": ", ".join(dict.fromkeys(map(seconds, group["timed_wall_s"].dropna())))
+                or "—",
+                "warm-up steps": _values(get("config_warmup_steps", pd.Series([None]))),
+                "validation buffers": _values(get("validation_buffers", pd.Series([None]))),
+                "runs": ", ".join(_counted(b, rows.status) for b, rows in group.groupby("backend", sort=False)),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -123,8 +131,13 @@ def headline(rs: RunSet, per_run: pd.DataFrame) -> str:
     return "compared: " + "; ".join(parts)
 
 
-NOT_MEASURED = ("config_trace", "config_trace_steps", "config_compute_baseline_steps", "config_overwrite",
-                "knob_autotuned")  # fmt: skip
+NOT_MEASURED = (
+    "config_trace",
+    "config_trace_steps",
+    "config_compute_baseline_steps",
+    "config_overwrite",
+    "knob_autotuned",
+)
 """Options that change no recorded number (they act after the timed steps, or on the run directory), and what
 Horovod's autotuner settled on: an outcome of one setting, which may differ from repeat to repeat."""
 

@@ -32,8 +32,13 @@ DECISION_JSON = "decision.json"
 PLAN_JSON = "plan.json"
 DEFAULT_MARGIN = 0.05
 """The smallest relative throughput difference worth a choice (`--margin`)."""
-MEMORY = {"peak_rss_mb": "peak RSS", "training_rss_mb": "of it training's own", "cuda_max_allocated_mb": "CUDA "
-          "allocated", "cuda_max_reserved_mb": "CUDA reserved", "state_mb": "training state held"}  # fmt: skip
+MEMORY = {
+    "peak_rss_mb": "peak RSS",
+    "training_rss_mb": "of it training's own",
+    "cuda_max_allocated_mb": "CUDA allocated",
+    "cuda_max_reserved_mb": "CUDA reserved",
+    "state_mb": "training state held",
+}
 """The peak-memory measures per rank the decision shows (summary.csv's `<measure>_min`/`_max` over ranks)."""
 WELCH = "Welch on log throughput"
 TWO_STAGE = (
@@ -94,8 +99,15 @@ def _leanest(entry: dict[str, Any], memory: dict[str, dict[str, list[float]]]) -
     if lean == pick or same[lean] * (1 + LEAN_BY) > same[pick]:  # a few MB either way is not a trade
         return None
     alt = sized[lean]
-    return {"variant": lean, "measure": mine[pick][0], "mb": same[lean], "pick_mb": same[pick],
-            "share": same[lean] / same[pick], "ratio": alt["ratio"], "ci": alt["ci"]}  # fmt: skip
+    return {
+        "variant": lean,
+        "measure": mine[pick][0],
+        "mb": same[lean],
+        "pick_mb": same[pick],
+        "share": same[lean] / same[pick],
+        "ratio": alt["ratio"],
+        "ci": alt["ci"],
+    }
 
 
 def _reason(breakdown: pd.DataFrame | None, alternative: str, pick: str, setup: dict[str, Any]) -> dict[str, Any]:
@@ -273,8 +285,9 @@ def planned_repeats(per_run: pd.DataFrame, precision: float) -> dict[str, int]:
         if not decides or not len(ok):
             continue
         arms = {a: rows for a, rows in ok.groupby(ok.run_id.astype(str).map(intervals.arm_of), sort=False)}
-        planned = intervals.planned_runs([r.samples_per_s for r in arms.values()], precision,
-                                         [intervals.floor_of(r) for r in arms.values()])  # fmt: skip
+        planned = intervals.planned_runs(
+            [r.samples_per_s for r in arms.values()], precision, [intervals.floor_of(r) for r in arms.values()]
+        )
         needs.update(zip(arms, planned, strict=True))
     return needs
 
@@ -312,9 +325,14 @@ def decide(
     for setup, group, decides in _setups(runs):
         if not decides:
             cpus = group["cpus"].dropna() if "cpus" in group else pd.Series([], dtype=float)
-            decision["setups"].append({**{k: _plain(v) for k, v in setup.items()}, "decides": False,
-                                       "status": "oversubscribed",
-                                       "note": oversubscribed_words(int(setup["world_size"]), cpus)})  # fmt: skip
+            decision["setups"].append(
+                {
+                    **{k: _plain(v) for k, v in setup.items()},
+                    "decides": False,
+                    "status": "oversubscribed",
+                    "note": oversubscribed_words(int(setup["world_size"]), cpus),
+                }
+            )
             continue
         efficiency: dict[str, float] = {}
         if scale is not None and len(scale):

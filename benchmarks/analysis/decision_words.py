@@ -43,15 +43,20 @@ NAMES = {
 
 def _memory_lines(setup: dict[str, Any]) -> list[str]:
     """A line per variant left out for its memory, and the leanest variant's trade when it is not the pick."""
-    lines = [f"not picked: {o['variant']}, {MEMORY[o['measure']]} {o['peak_mb']:.0f} MB per rank is above "
-             f"--memory-limit-mb {o['limit_mb']:g}" for o in setup.get("over_budget") or []]  # fmt: skip
+    lines = [
+        f"not picked: {o['variant']}, {MEMORY[o['measure']]} {o['peak_mb']:.0f} MB per rank is above "
+        f"--memory-limit-mb {o['limit_mb']:g}"
+        for o in setup.get("over_budget") or []
+    ]
     lean = setup.get("leanest")
     if lean:
         lo, hi = lean["ci"]
         interval = f" ({lo:.2f}–{hi:.2f})" if lo is not None and np.isfinite(lo) else ""
-        lines.append(f"leanest: {lean['variant']}: {lean['ratio']:.2f}×{interval} the speed at {lean['share']:.0%} "
-                     f"of the training memory per rank ({NAMES[lean['measure']]} {_num(lean['mb'])} vs "
-                     f"{_num(lean['pick_mb'])} MB)")  # fmt: skip
+        lines.append(
+            f"leanest: {lean['variant']}: {lean['ratio']:.2f}×{interval} the speed at {lean['share']:.0%} "
+            f"of the training memory per rank ({NAMES[lean['measure']]} {_num(lean['mb'])} vs "
+            f"{_num(lean['pick_mb'])} MB)"
+        )
     return lines
 
 
@@ -73,8 +78,9 @@ def _head(setup: dict[str, Any], margin: float) -> str:
     if by_status["resolved"]:
         parts.append("faster than " + ", ".join(_ratio_words(a, margin) for a in by_status["resolved"]))
     if by_status["equivalent"]:
-        parts.append(f"equivalent within ±{margin:.0%} to " + ", ".join(_ratio_words(a, margin)
-                                                                        for a in by_status["equivalent"]))  # fmt: skip
+        parts.append(
+            f"equivalent within ±{margin:.0%} to " + ", ".join(_ratio_words(a, margin) for a in by_status["equivalent"])
+        )
     if by_status["unresolved"]:
         parts.append("not resolved against " + ", ".join(_ratio_words(a, margin) for a in by_status["unresolved"]))
     return head + (" — " + "; ".join(parts) + " (throughput ratio to it, 95 % CI)" if parts else " (the only one)")
@@ -87,8 +93,13 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
     for setup in decision["setups"]:
         where = f"{setup['workload']}, global batch {setup['global_batch']}, {setup['world_size']} ranks"
         if not setup["decides"] or setup.get("recommended") is None:
-            found.append({"status": "none", "head": f"{where}: no decision — {setup.get('note', setup['status'])}",
-                          "details": []})  # fmt: skip
+            found.append(
+                {
+                    "status": "none",
+                    "head": f"{where}: no decision — {setup.get('note', setup['status'])}",
+                    "details": [],
+                }
+            )
             continue
         details = []
         for alt in setup["alternatives"]:
@@ -127,8 +138,10 @@ def precision_words(decision: dict[str, Any]) -> str:
     runs = {s["recommended"]["variant"]: s["recommended"]["runs"] for s in decision["setups"] if s.get("recommended")}
     runs.update({a["variant"]: a["runs"] for s in decision["setups"] for a in s.get("alternatives", [])})
     counted = ", ".join(f"{v} {n}" for v, n in runs.items())
-    text = (f"Precision: every ratio's 95 % interval within {reached} of it (target ±{plan['precision']:.1%}); "
-            f"completed runs after a pilot of {plan['pilot']}: {counted}")  # fmt: skip
+    text = (
+        f"Precision: every ratio's 95 % interval within {reached} of it (target ±{plan['precision']:.1%}); "
+        f"completed runs after a pilot of {plan['pilot']}: {counted}"
+    )
     if plan.get("budget"):
         text += f"; {plan['budget']}"
     short = {a: n for a, n in (plan.get("needed") or {}).items() if n > (plan.get("ran") or {}).get(a, n)}

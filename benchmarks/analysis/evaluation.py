@@ -25,11 +25,35 @@ from backends import ONE_PROCESS
 from benchmarks.analysis import figures, stats, terminal
 
 COLUMNS = [
-    "workload", "variant", "val_strategy", "eval_only", "world_size", "val_size", "runs", "val_s", "val_s_low",
-    "val_s_high", "val_samples_per_s", "val_ci_low", "val_ci_high", "speedup", "speedup_low", "speedup_high",
-    "efficiency", "efficiency_low", "efficiency_high", "speedup_base", "speedup_bound", "most_on_a_rank",
-    "val_samples", "val_duplicates", "loss_difference", "exact_loss", "oversubscribed", "note",
-]  # fmt: skip
+    "workload",
+    "variant",
+    "val_strategy",
+    "eval_only",
+    "world_size",
+    "val_size",
+    "runs",
+    "val_s",
+    "val_s_low",
+    "val_s_high",
+    "val_samples_per_s",
+    "val_ci_low",
+    "val_ci_high",
+    "speedup",
+    "speedup_low",
+    "speedup_high",
+    "efficiency",
+    "efficiency_low",
+    "efficiency_high",
+    "speedup_base",
+    "speedup_bound",
+    "most_on_a_rank",
+    "val_samples",
+    "val_duplicates",
+    "loss_difference",
+    "exact_loss",
+    "oversubscribed",
+    "note",
+]
 KEYS = ["workload", "eval_only", "val_size", "variant"]
 
 
@@ -93,20 +117,38 @@ def validation_table(per_run: pd.DataFrame) -> pd.DataFrame:
             if over:
                 notes.append("oversubscribed: more ranks than cores, measures time-slicing, not scaling")
             most = runs["val_most_on_a_rank"].max() if "val_most_on_a_rank" in runs else np.nan
-            rows.append({
-                "workload": workload, "variant": variant, "val_strategy": runs.val_strategy.iloc[0],
-                "eval_only": eval_only, "world_size": n, "val_size": int(size), "runs": len(runs),
-                "val_s": val_s, "val_s_low": lo, "val_s_high": hi,
-                "val_samples_per_s": sps, "val_ci_low": slo, "val_ci_high": shi,
-                "speedup": speedup, "speedup_low": plo, "speedup_high": phi,
-                "efficiency": speedup / n, "efficiency_low": plo / n, "efficiency_high": phi / n,
-                "speedup_base": base_words,
-                "speedup_bound": size / most if most and most == most else np.nan, "most_on_a_rank": most,
-                "val_samples": runs.val_samples.iloc[0], "val_duplicates": runs.val_duplicates.iloc[0],
-                "loss_difference": (runs.final_val_loss - runs.final_val_exact_loss).mean(),
-                "exact_loss": runs.final_val_exact_loss.mean(), "oversubscribed": over,
-                "note": "; ".join(n_ for n_ in notes if n_),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "workload": workload,
+                    "variant": variant,
+                    "val_strategy": runs.val_strategy.iloc[0],
+                    "eval_only": eval_only,
+                    "world_size": n,
+                    "val_size": int(size),
+                    "runs": len(runs),
+                    "val_s": val_s,
+                    "val_s_low": lo,
+                    "val_s_high": hi,
+                    "val_samples_per_s": sps,
+                    "val_ci_low": slo,
+                    "val_ci_high": shi,
+                    "speedup": speedup,
+                    "speedup_low": plo,
+                    "speedup_high": phi,
+                    "efficiency": speedup / n,
+                    "efficiency_low": plo / n,
+                    "efficiency_high": phi / n,
+                    "speedup_base": base_words,
+                    "speedup_bound": size / most if most and most == most else np.nan,
+                    "most_on_a_rank": most,
+                    "val_samples": runs.val_samples.iloc[0],
+                    "val_duplicates": runs.val_duplicates.iloc[0],
+                    "loss_difference": (runs.final_val_loss - runs.final_val_exact_loss).mean(),
+                    "exact_loss": runs.final_val_exact_loss.mean(),
+                    "oversubscribed": over,
+                    "note": "; ".join(n_ for n_ in notes if n_),
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -115,22 +157,35 @@ def eval_scaling(scale: pd.DataFrame, per_run: pd.DataFrame) -> pd.DataFrame:
     with its interval, and its speed-up and efficiency against the variant's own 1-rank runs, with intervals
     (`val_samples_per_s`, `val_speedup`, `val_efficiency`, each with `_low`/`_high`)."""
     table = validation_table(per_run)
-    added = ["val_samples_per_s", "val_ci_low", "val_ci_high", "val_speedup", "val_speedup_low", "val_speedup_high",
-             "val_efficiency", "val_efficiency_low", "val_efficiency_high"]  # fmt: skip
+    added = [
+        "val_samples_per_s",
+        "val_ci_low",
+        "val_ci_high",
+        "val_speedup",
+        "val_speedup_low",
+        "val_speedup_high",
+        "val_efficiency",
+        "val_efficiency_low",
+        "val_efficiency_high",
+    ]
     if not len(scale):
         return scale
     if not len(table):
         return scale.assign(**dict.fromkeys(added, np.nan))
     # The scaling table's variants are launchers' names, its strategy included (load.with_strategy).
     mine = table.assign(
-        val_speedup=table.speedup, val_speedup_low=table.speedup_low, val_speedup_high=table.speedup_high,
-        val_efficiency=table.efficiency, val_efficiency_low=table.efficiency_low,
+        val_speedup=table.speedup,
+        val_speedup_low=table.speedup_low,
+        val_speedup_high=table.speedup_high,
+        val_efficiency=table.efficiency,
+        val_efficiency_low=table.efficiency_low,
         val_efficiency_high=table.efficiency_high,
-    )  # fmt: skip
+    )
     mine = mine[mine.speedup_base.isin(["its own 1-rank runs", ""])]  # an efficiency only against itself
     mine = mine.drop_duplicates(["workload", "variant", "world_size"])
-    joined = scale.merge(mine[["workload", "variant", "world_size", *added]], how="left",
-                         on=["workload", "variant", "world_size"])  # fmt: skip
+    joined = scale.merge(
+        mine[["workload", "variant", "world_size", *added]], how="left", on=["workload", "variant", "world_size"]
+    )
     return joined
 
 
@@ -152,8 +207,10 @@ def format_validation(table: pd.DataFrame) -> str:
         samples = f"{int(row['val_samples'])} ({int(row['val_duplicates'])})"
         bound = "-" if pd.isna(row["speedup_bound"]) else f"{row['speedup_bound']:.2f}"
         mark = ("  eval-only" if row["eval_only"] else "") + ("  oversubscribed" if row["oversubscribed"] else "")
-        lines.append(f"{row['variant']:<{width}} {row['world_size']:>5} {time:>26} {speedup:>22} {bound:>7} "
-                     f"{samples:>16} {row['loss_difference']:>12.3g}{mark}")  # fmt: skip
+        lines.append(
+            f"{row['variant']:<{width}} {row['world_size']:>5} {time:>26} {speedup:>22} {bound:>7} "
+            f"{samples:>16} {row['loss_difference']:>12.3g}{mark}"
+        )
     return "\n".join(lines)
 
 
@@ -170,8 +227,10 @@ def scaling_figure(table: pd.DataFrame, path: Path) -> Path | None:
     fig, (left, right) = figures.plt.subplots(1, 2, figsize=(10, 3.8))
     for i, ((workload, only, _, variant), rows) in enumerate(curves):
         label = f"{variant}{' eval-only' if only else ''}" + (f" {workload}" if table.workload.nunique() > 1 else "")
-        for ax, column, low, high in ((left, "val_samples_per_s", "val_ci_low", "val_ci_high"),
-                                      (right, "efficiency", "efficiency_low", "efficiency_high")):  # fmt: skip
+        for ax, column, low, high in (
+            (left, "val_samples_per_s", "val_ci_low", "val_ci_high"),
+            (right, "efficiency", "efficiency_low", "efficiency_high"),
+        ):
             err = [(rows[column] - rows[low]).fillna(0).clip(lower=0), (rows[high] - rows[column]).fillna(0)]
             ax.errorbar(rows.world_size, rows[column], yerr=err, fmt="-o", color=f"C{i % 10}", capsize=4, label=label)
     for ax in (left, right):

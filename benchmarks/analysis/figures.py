@@ -108,8 +108,15 @@ def scaling_figure(table: pd.DataFrame) -> plt.Figure:
             ax.plot(rows.world_size[~over], rows[column][~over], "o", color=color)
             ax.plot(rows.world_size[over], rows[column][over], "o", mfc="white", mec=color, mew=1.5)
         if "val_efficiency" in rows and rows["val_efficiency"].notna().any():  # evaluation's, dashed
-            right.plot(rows.world_size, rows["val_efficiency"], "--", marker="^", ms=4, color=color,
-                       label=f"{variant} evaluation")  # fmt: skip
+            right.plot(
+                rows.world_size,
+                rows["val_efficiency"],
+                "--",
+                marker="^",
+                ms=4,
+                color=color,
+                label=f"{variant} evaluation",
+            )
         if "vs_single" in rows and rows["vs_single"].notna().any():
             right.plot(
                 rows.world_size, rows["vs_single"], ":", marker="s", ms=4, color=color, label=f"{variant} vs single"

@@ -26,9 +26,20 @@ from benchmarks.launch.variants import label
 from benchmarks.run import recorder as results
 
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
-EXTRA_COLUMNS = ("launcher_detail", "local_world_size", "train_size", "val_size", "model_parameters",
-                 "validation_buffers", "omp_num_threads_env", "timed_wall_s", "error", "failed_rank",
-                 "oversubscribed", "cpus")  # fmt: skip
+EXTRA_COLUMNS = (
+    "launcher_detail",
+    "local_world_size",
+    "train_size",
+    "val_size",
+    "model_parameters",
+    "validation_buffers",
+    "omp_num_threads_env",
+    "timed_wall_s",
+    "error",
+    "failed_rank",
+    "oversubscribed",
+    "cpus",
+)
 JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
 INTERRUPTED = "interrupted"
 """The analysis's status of a run a signal stopped (run.json: `failed` with `"interrupted": true`, or a rank's
@@ -214,8 +225,13 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
             else:
                 why = f"{len(problems)} check problem{'s' * (len(problems) != 1)}, the first: {problems[0]}"
             skipped.append(f"{run_dir}: {why}")
-            left_out.append({**row, "status": row["status"] if meta["status"] != "completed" else "check problems",
-                             "error": meta.get("error") or (str(problems[0]) if problems else None)})  # fmt: skip
+            left_out.append(
+                {
+                    **row,
+                    "status": row["status"] if meta["status"] != "completed" else "check problems",
+                    "error": meta.get("error") or (str(problems[0]) if problems else None),
+                }
+            )
             continue
         metas.append(row)
         for name, sink in ((results.TIMING_CSV, timings), (results.LOSS_CSV, losses)):
@@ -242,5 +258,10 @@ def load_runs(*paths: str | Path, include_failed: bool = False) -> RunSet:
             out[column] = out["run_key"].map(by_key[column])
         return out
 
-    return RunSet(runs=runs, timing=frame(timings, True), loss=frame(losses, False), skipped=skipped,
-                  left_out=pd.DataFrame(left_out))  # fmt: skip
+    return RunSet(
+        runs=runs,
+        timing=frame(timings, True),
+        loss=frame(losses, False),
+        skipped=skipped,
+        left_out=pd.DataFrame(left_out),
+    )

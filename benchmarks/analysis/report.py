@@ -78,9 +78,11 @@ def write(
     if not any(not rundir.is_allreduce(d) for d in load.find_run_dirs(*paths)):
         allreduce = collectives.report_section(paths, out)
         if allreduce is not None:
-            sections = {"Allreduce runs": allreduce.runs.drop(columns=["run_key"]),
-                        "Allreduce: bus bandwidth (GB/s)": allreduce.busbw,
-                        "Allreduce: time per allreduce (µs)": allreduce.time_us}  # fmt: skip
+            sections = {
+                "Allreduce runs": allreduce.runs.drop(columns=["run_key"]),
+                "Allreduce: bus bandwidth (GB/s)": allreduce.busbw,
+                "Allreduce: time per allreduce (µs)": allreduce.time_us,
+            }
             text = "\n".join([allreduce.text, *allreduce.notes])
             _write_files(Page(summary=text, images=allreduce.figures, tables=sections), out, formats)
             return text
@@ -116,8 +118,9 @@ def write(
     images.append(evaluation.scaling_figure(validated, out / "eval_scaling.png"))
     breakdown = why.per_run(rs)
     explained = why.section(rs, per_run, paths, out, breakdown)
-    decided = decision.decide(per_run, breakdown, scale, plan, given.get("knobs"), given.get("command", ""),
-                              given.get("memory_limit_mb"))  # fmt: skip
+    decided = decision.decide(
+        per_run, breakdown, scale, plan, given.get("knobs"), given.get("command", ""), given.get("memory_limit_mb")
+    )
     decision.write(out, decided)
     sections = {
         "Per backend": table,
@@ -156,8 +159,10 @@ def _evaluation_page(per_run: pd.DataFrame, validated: pd.DataFrame, out: Path, 
     """The report of `--eval-only` runs: evaluation throughput per strategy and world size, and its scaling."""
     text = evaluation.format_validation(validated) if len(validated) else "no completed evaluation"
     image = evaluation.scaling_figure(validated, out / "eval_scaling.png")
-    sections = {"Distributed validation (per strategy and world size; docs/evaluation.md)": validated,
-                "Per run": per_run}  # fmt: skip
+    sections = {
+        "Distributed validation (per strategy and world size; docs/evaluation.md)": validated,
+        "Per run": per_run,
+    }
     decided = decision.decide(per_run.iloc[:0])  # no training, so no setup to decide on; compare copies it
     decision.write(out, decided)
     page = Page(decision=decided, summary=text, images=[image] if image else [], tables=sections)

@@ -17,16 +17,29 @@ from benchmarks.analysis.load import INTERRUPTED, MEMORY_COLUMNS, VALIDATION_COL
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
-    "Agreement", "backend_labels", "backend_table", "loss_agreement", "per_run_stats", "phase_breakdown",
+    "Agreement",
+    "backend_labels",
+    "backend_table",
+    "loss_agreement",
+    "per_run_stats",
+    "phase_breakdown",
     "scaling",
-]  # fmt: skip
+]
 
 SETUP = ("workload", "global_batch", "world_size")
 MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
 LAUNCH = ("launcher", "controller")
-RANGE_COLUMNS = ("peak_rss_mb_min", "peak_rss_mb_max", "training_rss_mb_max", "cuda_max_allocated_mb_min",
-                 "cuda_max_allocated_mb_max", "cuda_max_reserved_mb_max", "state_mb_min", "state_mb_max")  # fmt: skip
+RANGE_COLUMNS = (
+    "peak_rss_mb_min",
+    "peak_rss_mb_max",
+    "training_rss_mb_max",
+    "cuda_max_allocated_mb_min",
+    "cuda_max_allocated_mb_max",
+    "cuda_max_reserved_mb_max",
+    "state_mb_min",
+    "state_mb_max",
+)
 """The memory columns the per-backend table carries: the range over ranks of each run, averaged over runs."""
 PLAN = ("oversubscribed", "cpus", "scaling")
 """run.json's `oversubscribed` (more local ranks than cores) and `cpus`, and compare's scaling mode."""
@@ -110,25 +123,46 @@ def per_run_stats(rs: RunSet) -> pd.DataFrame:
     for run in rs.runs.to_dict("records"):
         key, wall = run["run_key"], run.get("timed_wall_s")
         has_q, n_steps = key in q.index, steps.get(key, np.nan)
-        rows.append({
-            **{c: run.get(c) for c in ("run_key", "run_id", "backend", "variant")},
-            **dict(zip(LAUNCH, _launch(run), strict=True)),
-            **{c: run.get(c) for c in (*SETUP, "status", *PLAN)},
-            "timed_steps": n_steps, "timed_wall_s": wall,
-            "samples_per_s": samples.get(key, np.nan) / wall if wall and wall > 0 else np.nan,
-            "step_p50_s": q.loc[key, 0.5] if has_q else np.nan, "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
-            "step_p95_s": q.loc[key, 0.95] if has_q else np.nan, "step_p99_s": q.loc[key, 0.99] if has_q else np.nan,
-            "rank_skew": skew.get(key, np.nan), **final.get(key, NO_LOSS),
-            **{c: run.get(c, np.nan) for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS, "val_most_on_a_rank",
-                                                "state_mb_min", "state_mb_max")},
-            # An --eval-only run trains nothing timed: its empty window is no short run.
-            "warning": "" if run.get("eval_only") is True else run_warning(n_steps, np.nan if wall is None else wall),
-            "error": run.get("error"),
-        })  # fmt: skip
+        rows.append(
+            {
+                **{c: run.get(c) for c in ("run_key", "run_id", "backend", "variant")},
+                **dict(zip(LAUNCH, _launch(run), strict=True)),
+                **{c: run.get(c) for c in (*SETUP, "status", *PLAN)},
+                "timed_steps": n_steps,
+                "timed_wall_s": wall,
+                "samples_per_s": samples.get(key, np.nan) / wall if wall and wall > 0 else np.nan,
+                "step_p50_s": q.loc[key, 0.5] if has_q else np.nan,
+                "step_p90_s": q.loc[key, 0.9] if has_q else np.nan,
+                "step_p95_s": q.loc[key, 0.95] if has_q else np.nan,
+                "step_p99_s": q.loc[key, 0.99] if has_q else np.nan,
+                "rank_skew": skew.get(key, np.nan),
+                **final.get(key, NO_LOSS),
+                **{
+                    c: run.get(c, np.nan)
+                    for c in (
+                        *MEMORY_COLUMNS,
+                        *VALIDATION_COLUMNS,
+                        "val_most_on_a_rank",
+                        "state_mb_min",
+                        "state_mb_max",
+                    )
+                },
+                # An --eval-only run trains nothing timed: its empty window is no short run.
+                "warning": ""
+                if run.get("eval_only") is True
+                else run_warning(n_steps, np.nan if wall is None else wall),
+                "error": run.get("error"),
+            }
+        )
     for run in rs.left_out.to_dict("records"):
         launch = dict(zip(LAUNCH, _launch(run), strict=True))
-        rows.append({**{c: run.get(c) for c in ("run_key", "run_id", "backend", "variant")}, **launch,
-                     **{c: run.get(c) for c in (*SETUP, "status", "error", *PLAN, *VALIDATION_KEYS)}})  # fmt: skip
+        rows.append(
+            {
+                **{c: run.get(c) for c in ("run_key", "run_id", "backend", "variant")},
+                **launch,
+                **{c: run.get(c) for c in (*SETUP, "status", "error", *PLAN, *VALIDATION_KEYS)},
+            }
+        )
     per_run = pd.DataFrame(rows)
     if len(per_run):
         per_run["backend"] = _split_launchers(per_run)
@@ -257,11 +291,15 @@ def backend_table(per_run: pd.DataFrame, plan: dict | None = None) -> pd.DataFra
             if len(mine):
                 mean, lo, hi = stats.log_ci(mine["samples_per_s"])
                 row.update(
-                    samples_per_s=mean, ci_low=lo, ci_high=hi,
+                    samples_per_s=mean,
+                    ci_low=lo,
+                    ci_high=hi,
                     interval=stats.no_interval_reason(stats.usable(mine["samples_per_s"])),
-                    step_p50_s=mine["step_p50_s"].mean(), step_p99_s=mine["step_p99_s"].mean(),
-                    final_train_loss=mine["final_train_loss"].mean(), final_val_loss=mine["final_val_loss"].mean(),
-                )  # fmt: skip
+                    step_p50_s=mine["step_p50_s"].mean(),
+                    step_p99_s=mine["step_p99_s"].mean(),
+                    final_train_loss=mine["final_train_loss"].mean(),
+                    final_val_loss=mine["final_val_loss"].mean(),
+                )
                 # Peak memory per rank: the smallest and the largest rank, means over runs (NaN before schema 3).
                 row.update({c: mine[c].mean() for c in RANGE_COLUMNS if c in mine})
                 if backend == base_name:
@@ -277,10 +315,29 @@ def backend_table(per_run: pd.DataFrame, plan: dict | None = None) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-SCALING_COLUMNS = ["workload", "variant", "backend", "scaling", "world_size", "global_batch", "runs", "samples_per_s",
-                   "ci_low", "ci_high", "speedup", "speedup_low", "speedup_high", "efficiency", "efficiency_low",
-                   "efficiency_high", "vs_single", "vs_single_low", "vs_single_high", "oversubscribed",
-                   "note"]  # fmt: skip
+SCALING_COLUMNS = [
+    "workload",
+    "variant",
+    "backend",
+    "scaling",
+    "world_size",
+    "global_batch",
+    "runs",
+    "samples_per_s",
+    "ci_low",
+    "ci_high",
+    "speedup",
+    "speedup_low",
+    "speedup_high",
+    "efficiency",
+    "efficiency_low",
+    "efficiency_high",
+    "vs_single",
+    "vs_single_low",
+    "vs_single_high",
+    "oversubscribed",
+    "note",
+]
 
 
 def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
@@ -334,15 +391,31 @@ def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
                 notes.append(stats.no_interval_reason(min(stats.usable(throughput), stats.usable(base))))
             if over:
                 notes.append("oversubscribed: more ranks than cores, measures time-slicing, not scaling")
-            rows.append({
-                "workload": workload, "variant": name, "backend": runs.backend.iloc[0], "scaling": scaling_mode,
-                "world_size": n, "global_batch": runs.global_batch.iloc[0], "runs": len(runs),
-                "samples_per_s": mean, "ci_low": lo, "ci_high": hi,
-                "speedup": speedup, "speedup_low": slo, "speedup_high": shi,
-                "efficiency": speedup / n, "efficiency_low": slo / n, "efficiency_high": shi / n,
-                "vs_single": vs / n, "vs_single_low": vlo / n, "vs_single_high": vhi / n,
-                "oversubscribed": over, "note": "; ".join(n_ for n_ in notes if n_),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "workload": workload,
+                    "variant": name,
+                    "backend": runs.backend.iloc[0],
+                    "scaling": scaling_mode,
+                    "world_size": n,
+                    "global_batch": runs.global_batch.iloc[0],
+                    "runs": len(runs),
+                    "samples_per_s": mean,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "speedup": speedup,
+                    "speedup_low": slo,
+                    "speedup_high": shi,
+                    "efficiency": speedup / n,
+                    "efficiency_low": slo / n,
+                    "efficiency_high": shi / n,
+                    "vs_single": vs / n,
+                    "vs_single_low": vlo / n,
+                    "vs_single_high": vhi / n,
+                    "oversubscribed": over,
+                    "note": "; ".join(n_ for n_ in notes if n_),
+                }
+            )
     return pd.DataFrame(rows, columns=SCALING_COLUMNS)
 
 

@@ -101,8 +101,10 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
                 verdict = stats.verdict(row["backend"], base, row["ratio"], row["ratio_low"], row["ratio_high"])
                 verdicts.append(where + verdict)
             if isinstance(row.get("warning"), str) and row["warning"]:
-                warnings.append(f"warning: {where}{row['backend']}: {row['warning']}: throughput this short is mostly "
-                                "noise; time more steps (--steps-per-epoch, --epochs)")  # fmt: skip
+                warnings.append(
+                    f"warning: {where}{row['backend']}: {row['warning']}: throughput this short is mostly "
+                    "noise; time more steps (--steps-per-epoch, --epochs)"
+                )
             if row["runs_failed"] and isinstance(row.get("error"), str):
                 warnings.append(f"{where}{row['backend']}: {row['runs_failed']} run(s) failed: {row['error']}")
     if not isinstance(agreement, Agreement):

@@ -62,13 +62,19 @@ def per_run(rs: RunSet) -> pd.DataFrame:
         compute = summary.get("compute_s", np.nan) * 1000
         trace = meta.get("trace") or {}
         row = {
-            "run_key": run["run_key"], **{k: run[k] for k in SETUP},
+            "run_key": run["run_key"],
+            **{k: run[k] for k in SETUP},
             "variant": run["variant"],
-            "impl": impl_of(meta), "dtype": "float16" if meta.get("config", {}).get("fp16_allreduce") else "float32",
-            "gradient_bytes": meta.get("gradient_bytes_per_step"), "step_ms": step, "compute_ms": compute,
-            "exposed_comm_ms": step - compute, "other_ms": window - step, "trace_files": trace.get("files", []),
+            "impl": impl_of(meta),
+            "dtype": "float16" if meta.get("config", {}).get("fp16_allreduce") else "float32",
+            "gradient_bytes": meta.get("gradient_bytes_per_step"),
+            "step_ms": step,
+            "compute_ms": compute,
+            "exposed_comm_ms": step - compute,
+            "other_ms": window - step,
+            "trace_files": trace.get("files", []),
             "trace_steps": trace.get("steps"),
-        }  # fmt: skip
+        }
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -126,20 +132,26 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
         alone = alone_ms(allreduce, first["impl"], int(first["world_size"]), first["dtype"], first["gradient_bytes"])
         exposed = parts["exposed_comm_ms"][0]
         hidden = min(1.0, max(0.0, 1 - exposed / alone)) if alone > 0 and not np.isnan(exposed) else np.nan
-        rows.append({
-            **dict(zip(SETUP, setup, strict=True)), "variant": variant, "runs": len(group),
-            **{p: _ms(*parts[p]) for p in ("step_ms", *PARTS)},
-            "exposed_share": f"{exposed / parts['step_ms'][0]:.0%}" if not np.isnan(exposed) else "—",
-            "gradient_mb": first["gradient_bytes"] / 1e6 if pd.notna(first["gradient_bytes"]) else np.nan,
-            "allreduce_alone_ms": alone,
-            "hidden_share": "—" if np.isnan(hidden) else f"{hidden:.0%}",
-            # The fewest runs behind any part: a run without a compute baseline has no compute_ms.
-            "interval": "no compute baseline (--compute-baseline-steps 0): the step is not split"
-            if group["compute_ms"].isna().all()
-            else stats.no_interval_reason(int(group[list(PARTS)].notna().sum().min())) or "95 % t-interval over runs",
-            **{f"raw_{p}": parts[p][0] for p in ("step_ms", *PARTS)},
-            "raw_impl": first["impl"], "raw_dtype": first["dtype"],
-        })  # fmt: skip
+        rows.append(
+            {
+                **dict(zip(SETUP, setup, strict=True)),
+                "variant": variant,
+                "runs": len(group),
+                **{p: _ms(*parts[p]) for p in ("step_ms", *PARTS)},
+                "exposed_share": f"{exposed / parts['step_ms'][0]:.0%}" if not np.isnan(exposed) else "—",
+                "gradient_mb": first["gradient_bytes"] / 1e6 if pd.notna(first["gradient_bytes"]) else np.nan,
+                "allreduce_alone_ms": alone,
+                "hidden_share": "—" if np.isnan(hidden) else f"{hidden:.0%}",
+                # The fewest runs behind any part: a run without a compute baseline has no compute_ms.
+                "interval": "no compute baseline (--compute-baseline-steps 0): the step is not split"
+                if group["compute_ms"].isna().all()
+                else stats.no_interval_reason(int(group[list(PARTS)].notna().sum().min()))
+                or "95 % t-interval over runs",
+                **{f"raw_{p}": parts[p][0] for p in ("step_ms", *PARTS)},
+                "raw_impl": first["impl"],
+                "raw_dtype": first["dtype"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -178,8 +190,10 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
         for row in group.iloc[1:].itertuples():
             setup = f"{row.workload}, {row.world_size} ranks, global batch {row.global_batch}"
             if np.isnan(row.raw_exposed_comm_ms) or np.isnan(base.raw_exposed_comm_ms):
-                said.append(f"{setup}: no compute baseline in some runs (--compute-baseline-steps 0 or an older "
-                            "run), so their step cannot be split")  # fmt: skip
+                said.append(
+                    f"{setup}: no compute baseline in some runs (--compute-baseline-steps 0 or an older "
+                    "run), so their step cannot be split"
+                )
                 continue
             text = (
                 f"{setup}: a {row.variant} step takes {row.raw_step_ms:.1f} ms vs {base.raw_step_ms:.1f} ms for "
@@ -205,27 +219,36 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
                 diff, lo, hi, _ = exposed
                 if stats.excludes_zero(lo, hi):
                     more = "more" if diff > 0 else "less"
-                    text += (f"; {row.variant} leaves {abs(diff):.1f} ms {more} communication exposed per step "
-                             f"({lo:+.1f} to {hi:+.1f} ms)")  # fmt: skip
+                    text += (
+                        f"; {row.variant} leaves {abs(diff):.1f} ms {more} communication exposed per step "
+                        f"({lo:+.1f} to {hi:+.1f} ms)"
+                    )
             if row.allreduce_alone_ms == row.allreduce_alone_ms and base.allreduce_alone_ms == base.allreduce_alone_ms:
                 text += (
                     f". Alone, its {row.gradient_mb:.2g} MB gradient allreduce takes {row.allreduce_alone_ms:.1f} ms "
                     f"with {row.raw_impl} vs {base.allreduce_alone_ms:.1f} ms with {base.raw_impl}; "
                     f"hidden behind compute: {row.variant} {row.hidden_share}, {base.variant} {base.hidden_share}"
                 )
-                beyond = [f"{r.variant} {r.raw_exposed_comm_ms - r.allreduce_alone_ms:.1f} ms" for r in (row, base)
-                          if r.raw_exposed_comm_ms > r.allreduce_alone_ms]  # fmt: skip
+                beyond = [
+                    f"{r.variant} {r.raw_exposed_comm_ms - r.allreduce_alone_ms:.1f} ms"
+                    for r in (row, base)
+                    if r.raw_exposed_comm_ms > r.allreduce_alone_ms
+                ]
                 if beyond:
                     # Overhead is named only when the whole interval of a variant's exposed time lies beyond it.
                     named = [r for r in (row, base) if _exposed_low(runs, r) > r.allreduce_alone_ms]
                     overhead = " (framework overhead)" if named else ""
                     text += f"; exposed time beyond the allreduce alone{overhead}: {', '.join(beyond)}"
             else:
-                text += (f"; no `distbench allreduce` results for {row.world_size} ranks ({row.raw_dtype}) among the "
-                         "report's paths to say what the allreduce costs alone")  # fmt: skip
+                text += (
+                    f"; no `distbench allreduce` results for {row.world_size} ranks ({row.raw_dtype}) among the "
+                    "report's paths to say what the allreduce costs alone"
+                )
             if fewest < stats.MIN_RUNS:
-                text += (f"; from {fewest} run{'s' * (fewest != 1)} of each: numbers only, no cause named "
-                         f"(use --repeats {stats.MIN_RUNS} or more)")  # fmt: skip
+                text += (
+                    f"; from {fewest} run{'s' * (fewest != 1)} of each: numbers only, no cause named "
+                    f"(use --repeats {stats.MIN_RUNS} or more)"
+                )
             elif unresolved:
                 text += f"; not resolved from {fewest} runs: {', '.join(unresolved)}"
             said.append(text + f" (means of {row.runs} and {base.runs} runs; intervals in the table).")
@@ -305,8 +328,9 @@ def section(
     if part is not None:
         only = set(part.runs["collective"]) <= {"allreduce"}
         what, per = ("Allreduce", "allreduce") if only else ("Collectives", "call")
-        found.tables.update({f"{what} alone: bus bandwidth (GB/s)": part.busbw,
-                             f"{what} alone: time per {per} (µs)": part.time_us})  # fmt: skip
+        found.tables.update(
+            {f"{what} alone: bus bandwidth (GB/s)": part.busbw, f"{what} alone: time per {per} (µs)": part.time_us}
+        )
         found.images += part.figures
     if not len(runs):
         return found

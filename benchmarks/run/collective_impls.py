@@ -192,8 +192,13 @@ class TorchCollective(Collective):
             torch.cuda.set_device(self.device)
         addr, port = rendezvous.endpoint(self.info)
         timeout = datetime.timedelta(seconds=self.opts.timeout)
-        dist.init_process_group(self.backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
-                                world_size=self.world_size, timeout=timeout)  # fmt: skip
+        dist.init_process_group(
+            self.backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timeout,
+        )
 
     def stop(self) -> None:
         if self.dist.is_initialized():
@@ -329,5 +334,8 @@ class MPI4pyCollective(Collective):
         return {"call": f"comm.Allreduce(MPI.IN_PLACE, numpy array, op={op})", "mpi_library": library}
 
 
-IMPLEMENTATIONS: dict[str, type[Collective]] = {"torch": TorchCollective, "horovod": HorovodCollective,
-                                                 "mpi4py": MPI4pyCollective}  # fmt: skip
+IMPLEMENTATIONS: dict[str, type[Collective]] = {
+    "torch": TorchCollective,
+    "horovod": HorovodCollective,
+    "mpi4py": MPI4pyCollective,
+}

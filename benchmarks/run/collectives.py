@@ -53,10 +53,25 @@ SCHEMA_VERSION = 2
 """2: the `collective` column and run.json key (schema 1 runs are allreduce, and still pass the check)."""
 CSV_NAME = "allreduce.csv"
 COLUMNS = (
-    "run_id", "impl", "collective", "launcher", "controller", "world_size", "device", "dtype", "size_bytes",
-    "elements", "warmup", "iterations", "time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps",
+    "run_id",
+    "impl",
+    "collective",
+    "launcher",
+    "controller",
+    "world_size",
+    "device",
+    "dtype",
+    "size_bytes",
+    "elements",
+    "warmup",
+    "iterations",
+    "time_mean_s",
+    "time_min_s",
+    "time_max_s",
+    "algbw_gbps",
+    "busbw_gbps",
     "correct",
-)  # fmt: skip
+)
 LEGACY_COLUMNS = tuple(c for c in COLUMNS if c != "collective")
 """Schema 1's header."""
 WARMUP_BYTES = 64 << 20
@@ -135,8 +150,13 @@ def size_row(meta: dict[str, Any], size: int, warmup: int, iters: int, per_rank:
     row.update(size_bytes=size, elements=size // width, warmup=warmup, iterations=iters, correct=correct)
     if correct:
         busbw = busbw_gbps(size, mean, meta["world_size"], row["collective"])
-        row.update(time_mean_s=mean, time_min_s=min(per_rank), time_max_s=max(per_rank),
-                   algbw_gbps=algbw_gbps(size, mean), busbw_gbps=busbw)  # fmt: skip
+        row.update(
+            time_mean_s=mean,
+            time_min_s=min(per_rank),
+            time_max_s=max(per_rank),
+            algbw_gbps=algbw_gbps(size, mean),
+            busbw_gbps=busbw,
+        )
     return row
 
 
@@ -273,17 +293,36 @@ def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
         hosts = impl.allgather({"host": socket.gethostname(), "node_rank": info.node_rank})
         named = impl.name if opts.collective == "allreduce" else f"{impl.name}-{opts.collective}"
         run_id = opts.run_id or new_id(f"{named}-w{info.world_size}")
-        meta.update({
-            "schema_version": SCHEMA_VERSION, "kind": KIND, "run_id": run_id, "impl": impl.name,
-            "collective": opts.collective,
-            "launcher": info.launcher, "launcher_detail": info.detail, "controller": impl.controller,
-            "world_size": info.world_size, "local_world_size": info.local_world_size, "device": opts.device,
-            "dtype": opts.dtype, "sizes": sizes, "in_place": opts.collective != "reduce_scatter", "op": "sum",
-            "config": dataclasses.asdict(opts), "knobs": impl.knobs(), "threads": threads,
-            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"), "versions": environment.versions(),
-            "hosts": hosts, "command": sys.argv, "host": socket.gethostname(), "pid": os.getpid(),
-            "start_time": _now(), "status": "running",
-        })  # fmt: skip
+        meta.update(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "kind": KIND,
+                "run_id": run_id,
+                "impl": impl.name,
+                "collective": opts.collective,
+                "launcher": info.launcher,
+                "launcher_detail": info.detail,
+                "controller": impl.controller,
+                "world_size": info.world_size,
+                "local_world_size": info.local_world_size,
+                "device": opts.device,
+                "dtype": opts.dtype,
+                "sizes": sizes,
+                "in_place": opts.collective != "reduce_scatter",
+                "op": "sum",
+                "config": dataclasses.asdict(opts),
+                "knobs": impl.knobs(),
+                "threads": threads,
+                "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+                "versions": environment.versions(),
+                "hosts": hosts,
+                "command": sys.argv,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "start_time": _now(),
+                "status": "running",
+            }
+        )
         _open_run_dir(impl, opts, meta)
         started = time.perf_counter()
         sweep(impl, opts, meta if impl.rank == 0 else None, watchdog, sizes)

@@ -139,8 +139,9 @@ class _Failure:
                     root = {"rank": None, "error": f"another rank died or stopped answering (rank 0 saw: {error})"}
                 else:
                     root = {"rank": self.rank, "error": error}
-                recorder.finish("failed", end_time=_now(), error=root["error"], failed_rank=root["rank"],
-                                rank0_error=error)  # fmt: skip
+                recorder.finish(
+                    "failed", end_time=_now(), error=root["error"], failed_rank=root["rank"], rank0_error=error
+                )
             elif self.run_dir is not None and self.rank != 0:
                 guard.write_failure_note(self.run_dir, self.rank, error)
         finally:
@@ -198,23 +199,34 @@ def _meta(
     """run.json as the run starts; what the model and the backend settle on is added once it is built."""
     cfg = ready.cfg
     return {
-        "run_id": run_id, "backend": backend_name, "launcher": info.launcher,
-        "launcher_detail": info.detail, "world_size": info.world_size,
-        "local_world_size": info.local_world_size, "workload": cfg.workload,
-        "oversubscribed": oversubscribed(info.local_world_size), "cpus": os.cpu_count(),
+        "run_id": run_id,
+        "backend": backend_name,
+        "launcher": info.launcher,
+        "launcher_detail": info.detail,
+        "world_size": info.world_size,
+        "local_world_size": info.local_world_size,
+        "workload": cfg.workload,
+        "oversubscribed": oversubscribed(info.local_world_size),
+        "cpus": os.cpu_count(),
         "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
-        "train_size": ready.train_size, "val_size": ready.val_size,
+        "train_size": ready.train_size,
+        "val_size": ready.val_size,
         "workload_args": ready.workload.args,
         "config": {**(given or {}), **dataclasses.asdict(cfg), **dataclasses.asdict(options)},
-        "workload_source": ready.source, "knobs": {}, "threads": threads,
+        "workload_source": ready.source,
+        "knobs": {},
+        "threads": threads,
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "placement": placement.record(cfg.bind, [r["placement"] for r in ranks]),
         "environment": {**environment.by_rank([r["environment"] for r in ranks]), "adopted": adopted},
         "optimizer": {"name": cfg.optimizer, "lr": cfg.lr},  # every hyper-parameter once it is built
         "versions": environment.versions(),
-        "hosts": hosts, "command": sys.argv, "start_time": started,
-        "host": socket.gethostname(), "pid": os.getpid(),
-    }  # fmt: skip
+        "hosts": hosts,
+        "command": sys.argv,
+        "start_time": started,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
 
 
 def _record_model(
@@ -287,15 +299,22 @@ def run(
         fingerprint.check_data(data_print, backend.all_gather_object, cfg.workload)  # bad input: no run directory
         meta = _meta(run_id, backend_name, info, ready, options, given, ranks, hosts, adopted, threads, started)
         if info.rank == 0 and meta["oversubscribed"]:
-            print(f"distbench: warning: {info.local_world_size} ranks on {os.cpu_count()} cores: this measures "
-                  "time-slicing, not scaling", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"distbench: warning: {info.local_world_size} ranks on {os.cpu_count()} cores: this measures "
+                "time-slicing, not scaling",
+                file=sys.stderr,
+                flush=True,
+            )
         recorder = failure.recorder = _open_recorder(backend, cfg, meta)
         failure.run_dir = Path(cfg.out) / run_id  # this job's from here on: failure notes may go into it
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         weights = fingerprint.weights_record(backend.all_gather_object(weight_prints[-1]))
         if backend.rank == 0 and not weights["initial_weights_agree"]:
-            print("distbench: warning: build_model() gave the ranks different initial weights (harmless: every "
-                  "rank starts from rank 0's, broadcast); see run.json fingerprint", file=sys.stderr)  # fmt: skip
+            print(
+                "distbench: warning: build_model() gave the ranks different initial weights (harmless: every "
+                "rank starts from rank 0's, broadcast); see run.json fingerprint",
+                file=sys.stderr,
+            )
         if recorder is not None:
             _record_model(recorder, trainer, backend, backend_name, {**data_print, **weights})
         trainer.fit()

@@ -25,8 +25,11 @@ class LineProgress:
         self.done += n
         if self.done % self.every == 0 or self.done == self.total:
             rate = self.done / max(time.monotonic() - self.start, 1e-9)
-            print(f"{self.desc}: {self.done}/{self.total} steps, {rate:.1f} step/s {self.postfix}".rstrip(),
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{self.desc}: {self.done}/{self.total} steps, {rate:.1f} step/s {self.postfix}".rstrip(),
+                file=sys.stderr,
+                flush=True,
+            )
 
     def set_postfix(self, **values: Any) -> None:
         self.postfix = " ".join(f"{k}={v}" for k, v in values.items())

@@ -32,38 +32,94 @@ RESERVE, RESERVE_BYTES = ".space-reserve", 64 * 1024
 fills mid-run, the record of why the run failed still fits."""
 
 TIMING_COLUMNS = (
-    "run_id", "backend", "world_size", "rank", "epoch", "step", "warmup",
-    "samples", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s",
-)  # fmt: skip
+    "run_id",
+    "backend",
+    "world_size",
+    "rank",
+    "epoch",
+    "step",
+    "warmup",
+    "samples",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "step_s",
+)
 VAL_LOSS_COLUMNS = ("val_pass", "val_s", "val_samples_per_s", "val_exact_loss")
 """loss.csv's validation columns (schema 4; empty on `train` rows): benchmarks.run.validation."""
 LOSS_COLUMNS = (
-    "run_id", "backend", "world_size", "epoch", "step", "split", "loss", "accuracy", "samples", *VAL_LOSS_COLUMNS,
-)  # fmt: skip
+    "run_id",
+    "backend",
+    "world_size",
+    "epoch",
+    "step",
+    "split",
+    "loss",
+    "accuracy",
+    "samples",
+    *VAL_LOSS_COLUMNS,
+)
 LOSS_COLUMNS_OF = {**dict.fromkeys((1, 2, 3), LOSS_COLUMNS[: LOSS_COLUMNS.index(VAL_LOSS_COLUMNS[0])]), 4: LOSS_COLUMNS}
 """loss.csv's header by run.json schema_version: version 4 added the validation's time."""
-MEMORY_MEASURES = ("peak_rss_mb", "training_rss_mb", "rss_before_model_mb", "cuda_max_allocated_mb",
-                   "cuda_max_reserved_mb")  # fmt: skip
+MEMORY_MEASURES = (
+    "peak_rss_mb",
+    "training_rss_mb",
+    "rss_before_model_mb",
+    "cuda_max_allocated_mb",
+    "cuda_max_reserved_mb",
+)
 """Each rank's numbers (benchmarks.run.memory, MiB); summary.csv has each one's smallest and largest rank."""
 MEMORY_COLUMNS = (
-    "peak_rss_mb_min", "peak_rss_mb_max", "training_rss_mb_min", "training_rss_mb_max",
-    "rss_before_model_mb_min", "rss_before_model_mb_max", "peak_rss_from",
-    "cuda_max_allocated_mb_min", "cuda_max_allocated_mb_max", "cuda_max_reserved_mb_min", "cuda_max_reserved_mb_max",
-)  # fmt: skip
+    "peak_rss_mb_min",
+    "peak_rss_mb_max",
+    "training_rss_mb_min",
+    "training_rss_mb_max",
+    "rss_before_model_mb_min",
+    "rss_before_model_mb_max",
+    "peak_rss_from",
+    "cuda_max_allocated_mb_min",
+    "cuda_max_allocated_mb_max",
+    "cuda_max_reserved_mb_min",
+    "cuda_max_reserved_mb_max",
+)
 PEAK_FROM_MODEL_BUILD, PEAK_FROM_PROCESS_START = "model_build", "process_start"
 """`peak_rss_from`'s values: the RSS high-water mark was reset just before the model was built, or could not
 be and is the process's lifetime peak."""
-VALIDATION_COLUMNS = ("val_strategy", "eval_only", "val_passes", "val_s", "val_samples_per_s", "val_samples",
-                      "val_duplicates", "final_val_exact_loss")  # fmt: skip
+VALIDATION_COLUMNS = (
+    "val_strategy",
+    "eval_only",
+    "val_passes",
+    "val_s",
+    "val_samples_per_s",
+    "val_samples",
+    "val_duplicates",
+    "final_val_exact_loss",
+)
 """summary.csv's validation columns (schema 4): the strategy, the median validation time (slowest rank)
 and the throughput over the set, the samples each validation evaluated over all ranks and how many of
 them were duplicates, and the exact loss of the last validation's model."""
 SUMMARY_COLUMNS = (
-    "run_id", "backend", "world_size", "workload", "global_batch", "timed_steps", "samples_per_s",
-    "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
-    "final_val_accuracy", "wall_s", "compute_s", "exposed_comm_s", "exposed_comm_share", *MEMORY_COLUMNS,
+    "run_id",
+    "backend",
+    "world_size",
+    "workload",
+    "global_batch",
+    "timed_steps",
+    "samples_per_s",
+    "step_p50_s",
+    "step_p90_s",
+    "step_p99_s",
+    "final_train_loss",
+    "final_val_loss",
+    "final_val_accuracy",
+    "wall_s",
+    "compute_s",
+    "exposed_comm_s",
+    "exposed_comm_share",
+    *MEMORY_COLUMNS,
     *VALIDATION_COLUMNS,
-)  # fmt: skip
+)
 SUMMARY_COLUMNS_OF = {
     1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("compute_s")],
     2: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index(MEMORY_COLUMNS[0])],

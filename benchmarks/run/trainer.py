@@ -132,12 +132,18 @@ class Trainer:
         # a second host synchronisation per step, and the host could no longer run ahead into the next.
         correct = self.workload.correct
         return {
-            "epoch": epoch, "step": self.global_step, "warmup": self.global_step <= self.cfg.warmup_steps,
-            "samples": sum(len(b) for b in micro_batches), "data_s": phase["data"], "forward_s": phase["forward"],
-            "backward_s": phase["backward"], "optimizer_s": phase["optimizer"], "step_s": step_s,
+            "epoch": epoch,
+            "step": self.global_step,
+            "warmup": self.global_step <= self.cfg.warmup_steps,
+            "samples": sum(len(b) for b in micro_batches),
+            "data_s": phase["data"],
+            "forward_s": phase["forward"],
+            "backward_s": phase["backward"],
+            "optimizer_s": phase["optimizer"],
+            "step_s": step_s,
             "loss_sum": self._total([p.double().sum() for p, _, _ in kept]),
             "correct_sum": self._total([correct(o, t).double().sum() for _, o, t in kept]) if correct else None,
-        }  # fmt: skip
+        }
 
     def _total(self, sums: list[torch.Tensor]) -> float | list[torch.Tensor]:
         """The float now on CPU; on CUDA the device tensors, which `flush` adds up the same way."""
@@ -187,10 +193,17 @@ class Trainer:
                 acc["samples"] += row["samples"]
         timing.sort(key=lambda r: (r["step"], r["rank"]))
         losses = [
-            {**common, "epoch": a["epoch"], "step": step, "split": "train", "loss": a["loss"] / a["samples"],
-             "accuracy": a["correct"] / a["samples"] if a["has_acc"] else None, "samples": a["samples"]}
+            {
+                **common,
+                "epoch": a["epoch"],
+                "step": step,
+                "split": "train",
+                "loss": a["loss"] / a["samples"],
+                "accuracy": a["correct"] / a["samples"] if a["has_acc"] else None,
+                "samples": a["samples"],
+            }
             for step, a in sorted(by_step.items())
-        ]  # fmt: skip
+        ]
         recorder.timing(timing)
         recorder.loss(losses)
         if self.progress is not None and losses:
@@ -256,9 +269,10 @@ class Trainer:
             return self.evaluate_only()
         plan = [self.steps_in_epoch(epoch) for epoch in range(cfg.epochs)]
         self.progress = progress.progress(
-            sum(map(len, plan)), f"{self.backend.name} {self.workload.name}",
+            sum(map(len, plan)),
+            f"{self.backend.name} {self.workload.name}",
             enabled=not cfg.quiet and self.backend.rank == 0,
-        )  # fmt: skip
+        )
         for epoch, steps in enumerate(plan, start=1):
             self.train_feed.start_epoch(epoch - 1)  # a DataLoader's workers start here, before the window
             window_start: float | None = None

@@ -193,11 +193,20 @@ class Validation:
             recorder.meta["validation"] = self.describe(times)
         meta = recorder.meta if recorder is not None else {}
         return {
-            "run_id": meta.get("run_id"), "backend": meta.get("backend"), "world_size": meta.get("world_size"),
-            "epoch": epoch, "step": step, "split": "val", "loss": loss, "accuracy": accuracy if has_acc else None,
-            "samples": int(reduced[D_COUNT]), "val_pass": repeat, "val_s": val_s,
-            "val_samples_per_s": self.n / val_s if val_s > 0 else None, "val_exact_loss": exact_loss,
-        }  # fmt: skip
+            "run_id": meta.get("run_id"),
+            "backend": meta.get("backend"),
+            "world_size": meta.get("world_size"),
+            "epoch": epoch,
+            "step": step,
+            "split": "val",
+            "loss": loss,
+            "accuracy": accuracy if has_acc else None,
+            "samples": int(reduced[D_COUNT]),
+            "val_pass": repeat,
+            "val_s": val_s,
+            "val_samples_per_s": self.n / val_s if val_s > 0 else None,
+            "val_exact_loss": exact_loss,
+        }
 
     def describe(self, last: Sequence[tuple[float, float]]) -> dict[str, Any]:
         """run.json `validation`: the strategy, what each rank evaluates, and each rank's last times."""
@@ -205,10 +214,14 @@ class Validation:
         for entry, (between, busy) in zip(ranks, last, strict=True):
             entry.update(last_s=between, last_busy_s=busy)
         return {
-            "strategy": self.strategy, "val_size": self.n, "validations": len(self.slowest),
-            "samples": sum(r["samples"] for r in ranks), "duplicates": sum(r["duplicates"] for r in ranks),
-            "per_rank": ranks, "val_s_median": statistics.median(self.slowest),
-        }  # fmt: skip
+            "strategy": self.strategy,
+            "val_size": self.n,
+            "validations": len(self.slowest),
+            "samples": sum(r["samples"] for r in ranks),
+            "duplicates": sum(r["duplicates"] for r in ranks),
+            "per_rank": ranks,
+            "val_s_median": statistics.median(self.slowest),
+        }
 
     def close(self) -> None:
         self.feed.close()

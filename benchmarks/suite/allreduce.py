@@ -100,8 +100,11 @@ def check_launcher(impl: str, info: launch.LaunchInfo) -> None:
     where = info.launcher + (f" --{info.detail}" if info.launcher == launch.HOROVODRUN else "")
     gloo_only = impl == "mpi4py" and info.launcher == launch.HOROVODRUN and info.detail != "mpi"
     if info.launcher not in LAUNCHERS[impl] or gloo_only:
-        fits = {"torch": "torchrun, mpirun, srun or python", "mpi4py": "mpirun, horovodrun --mpi or python",
-                "horovod": "horovodrun --gloo, horovodrun --mpi, mpirun or python"}[impl]  # fmt: skip
+        fits = {
+            "torch": "torchrun, mpirun, srun or python",
+            "mpi4py": "mpirun, horovodrun --mpi or python",
+            "horovod": "horovodrun --gloo, horovodrun --mpi, mpirun or python",
+        }[impl]
         raise InputError(f"--impl {impl} cannot run under {where}; launch it with {fits}")
 
 
@@ -197,9 +200,12 @@ def run_compare(names: list[str], opts: AllreduceConfig, nproc: int, root: Path)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     plan = ", ".join(f"{impl_column(n, opts.device)} ({VARIANTS[n][1]})" for n in names)
     span = f"{len(opts.sizes)} sizes {format_size(opts.sizes[0])}–{format_size(opts.sizes[-1])}"
-    print(f"distbench allreduce --compare: {opts.collective} of {plan}; {nproc} ranks, {opts.dtype}, {span}, "
-          f"OMP_NUM_THREADS={threads}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"distbench allreduce --compare: {opts.collective} of {plan}; {nproc} ranks, {opts.dtype}, {span}, "
+        f"OMP_NUM_THREADS={threads}",
+        file=sys.stderr,
+        flush=True,
+    )
     with processes.Supervisor(root) as supervisor:
         failed, interrupted = run_variants(names, opts, nproc, root, env, supervisor)
         from benchmarks.analysis import collectives  # pandas: only once the jobs are done
@@ -221,8 +227,14 @@ def run_compare(names: list[str], opts: AllreduceConfig, nproc: int, root: Path)
     return 1 if failed else 0
 
 
-def run_variants(names: list[str], opts: AllreduceConfig, nproc: int, root: Path, env: dict[str, str],
-                 supervisor: processes.Supervisor) -> tuple[list[str], str | None]:  # fmt: skip
+def run_variants(
+    names: list[str],
+    opts: AllreduceConfig,
+    nproc: int,
+    root: Path,
+    env: dict[str, str],
+    supervisor: processes.Supervisor,
+) -> tuple[list[str], str | None]:
     """Each variant's job in turn until a signal stops one; the failed run ids, and the interrupted one."""
     from benchmarks.run import recorder
 
@@ -231,8 +243,17 @@ def run_variants(names: list[str], opts: AllreduceConfig, nproc: int, root: Path
         if supervisor.interrupted:
             break
         run_id = impl_column(name, opts.device)
-        cmd = [*variant_command(name, nproc), "allreduce", "--impl", VARIANTS[name][0], *rank_argv(opts),
-               "--out", str(root), "--run-id", run_id]  # fmt: skip
+        cmd = [
+            *variant_command(name, nproc),
+            "allreduce",
+            "--impl",
+            VARIANTS[name][0],
+            *rank_argv(opts),
+            "--out",
+            str(root),
+            "--run-id",
+            run_id,
+        ]
         print(f"[allreduce {i}/{len(names)}] {run_id}: {' '.join(cmd)}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:

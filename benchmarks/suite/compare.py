@@ -75,8 +75,15 @@ def make_compare_dir(out: Path, compare_id: str | None) -> Path:
     return root
 
 
-def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Supervisor,
-             label: str = "compare", first: int = 0, arms: set[str] | None = None) -> list[Attempt]:  # fmt: skip
+def run_jobs(
+    jobs: list[Job],
+    repeats: int,
+    root: Path,
+    supervisor: processes.Supervisor,
+    label: str = "compare",
+    first: int = 0,
+    arms: set[str] | None = None,
+) -> list[Attempt]:
     """Every (repeat, job) into `root`, interleaved, repeats `first` to `repeats` − 1 (of the jobs whose run prefix
     is in `arms`, when given); a failing job is recorded and the others still run. Once `supervisor` is
     interrupted the running job is stopped and recorded, and no other starts."""
@@ -106,8 +113,12 @@ def run_jobs(jobs: list[Job], repeats: int, root: Path, supervisor: processes.Su
                 cmd,
                 val_strategy=job.strategy,
             )
-            print(f"[{label} {len(attempts) + 1}/{total}] {name}{at} repeat {repeat + 1}/{repeats}: "
-                  f"{' '.join(cmd[:4])} …", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[{label} {len(attempts) + 1}/{total}] {name}{at} repeat {repeat + 1}/{repeats}: "
+                f"{' '.join(cmd[:4])} …",
+                file=sys.stderr,
+                flush=True,
+            )
             # The same OpenMP setting under every launcher at one world size (torchrun alone would force 1).
             env = {**os.environ, "OMP_NUM_THREADS": str(job.threads)}
             t0 = time.perf_counter()
@@ -153,9 +164,11 @@ def compare(
     with processes.Supervisor(root) as supervisor:
         attempts = run_jobs(jobs, design.repeats, root, supervisor)
         more, plan = precision.second_stage(
-            root, design, lambda first, stop, arms: run_jobs(jobs, stop, root, supervisor, first=first, arms=arms),
+            root,
+            design,
+            lambda first, stop, arms: run_jobs(jobs, stop, root, supervisor, first=first, arms=arms),
             lambda: supervisor.interrupted,
-        )  # fmt: skip
+        )
         attempts += more
         t0 = time.perf_counter()
         phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
@@ -206,11 +219,38 @@ def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) 
     return f"time: {timed:.1f} s of {wall_s:.1f} s wall inside timed windows ({share:.0%}); {spent}"
 
 
-COMPARISON_COLUMNS = ["variant", "backend", "launcher", "controller", "scaling", "nproc", "world_size", "batch_size",
-                      "global_batch", "oversubscribed", "repeat", "run_id", "status", "returncode", "command",
-                      "samples_per_s", "step_p50_s", "step_p90_s", "step_p99_s", "final_train_loss", "final_val_loss",
-                      "job_wall_s", "timed_wall_s", "val_strategy", "eval_only", "val_s", "val_samples_per_s",
-                      "val_samples", "val_duplicates", "final_val_exact_loss"]  # fmt: skip
+COMPARISON_COLUMNS = [
+    "variant",
+    "backend",
+    "launcher",
+    "controller",
+    "scaling",
+    "nproc",
+    "world_size",
+    "batch_size",
+    "global_batch",
+    "oversubscribed",
+    "repeat",
+    "run_id",
+    "status",
+    "returncode",
+    "command",
+    "samples_per_s",
+    "step_p50_s",
+    "step_p90_s",
+    "step_p99_s",
+    "final_train_loss",
+    "final_val_loss",
+    "job_wall_s",
+    "timed_wall_s",
+    "val_strategy",
+    "eval_only",
+    "val_s",
+    "val_samples_per_s",
+    "val_samples",
+    "val_duplicates",
+    "final_val_exact_loss",
+]
 
 
 def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scaling: str) -> tuple[Any, Any]:
@@ -239,9 +279,17 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
             "controller": stats.get("controller") or v.controller,
         }
         # Every statistic the analysis has (the table may use more than the CSV keeps), then the attempt's facts.
-        rows.append({"run_key": str(run_dir), **stats, **dataclasses.asdict(a), **launch, "scaling": scaling,
-                     "command": " ".join(a.command),
-                     "status": "completed" if ok else "interrupted" if a.interrupted else "failed"})  # fmt: skip
+        rows.append(
+            {
+                "run_key": str(run_dir),
+                **stats,
+                **dataclasses.asdict(a),
+                **launch,
+                "scaling": scaling,
+                "command": " ".join(a.command),
+                "status": "completed" if ok else "interrupted" if a.interrupted else "failed",
+            }
+        )
     return pd.DataFrame(rows), rs
 
 

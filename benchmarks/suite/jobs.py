@@ -138,8 +138,11 @@ class Supervisor:
             return
         if self.tree is not None:
             self.tree.kill()
-        print(f"distbench: interrupted again; stopped at once, results in {self.root} may be incomplete",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"distbench: interrupted again; stopped at once, results in {self.root} may be incomplete",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(EXIT_INTERRUPTED)
 
     def run(self, cmd: list[str], env: dict[str, str], log: Path) -> int:
@@ -148,8 +151,7 @@ class Supervisor:
         The job's stderr is passed through until the interrupt; what it says after that (launchers'
         tracebacks, ranks' failure lines) goes to the file `log` instead of the terminal.
         """
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
         assert proc.stderr is not None
         tree = self.tree = Tree(proc)
         copier = threading.Thread(target=self._copy, args=(proc.stderr, log), daemon=True)
@@ -223,6 +225,14 @@ def record_interrupted(run_dir: Path, signame: str, command: str) -> bool:
         return False
     said = meta.get("error")
     seen = {"rank_error": said} if said and not str(said).startswith("interrupted") else {}
-    recorder.write_json_atomic(path, {**meta, **seen, "status": "failed", "interrupted": True,
-                                      "error": f"interrupted: {signame} to {command} stopped the job"})  # fmt: skip
+    recorder.write_json_atomic(
+        path,
+        {
+            **meta,
+            **seen,
+            "status": "failed",
+            "interrupted": True,
+            "error": f"interrupted: {signame} to {command} stopped the job",
+        },
+    )
     return True

@@ -20,8 +20,13 @@ from benchmarks.suite.variants import Job
 # two frameworks' allreduce strategies differ) in one epoch of 80 timed steps. Launcher start-up,
 # imports and the report cost ~7 s per run whatever the length, so a run must be this long for over a
 # third of a compare's wall time to be measured (README: "where a compare's time goes").
-PRESET: dict[str, Any] = {"workload": "transformer", "epochs": 1, "steps_per_epoch": 85, "train_size": 4096,
-                          "val_size": 128}  # fmt: skip
+PRESET: dict[str, Any] = {
+    "workload": "transformer",
+    "epochs": 1,
+    "steps_per_epoch": 85,
+    "train_size": 4096,
+    "val_size": 128,
+}
 DEFAULT_TIME = "about 6 minutes"
 
 
@@ -126,8 +131,11 @@ def describe(cfg: RunConfig, preset: bool, jobs: list[Job], design: str, global_
     world = f"{sizes[0]} ranks" if len(sizes) == 1 else f"{', '.join(map(str, sizes))} ranks"
     ranks = f"{world} per variant" + (f" ({', '.join(single)})" if single else "")
     threads = dict.fromkeys(j.threads for j in jobs)
-    omp = f"{next(iter(threads))}" if len(threads) == 1 else ", ".join(f"{j.threads} at {j.nproc}" for j in jobs
-                                                                       if j.variant == chosen[0])  # fmt: skip
+    omp = (
+        f"{next(iter(threads))}"
+        if len(threads) == 1
+        else ", ".join(f"{j.threads} at {j.nproc}" for j in jobs if j.variant == chosen[0])
+    )
     if global_batch:
         per_rank = ", ".join(f"{j.cfg.batch_size} at {j.nproc}" for j in jobs if j.variant == chosen[0])
         batch = f"strong scaling: --global-batch {global_batch}, per rank {per_rank}"
@@ -141,8 +149,17 @@ def describe(cfg: RunConfig, preset: bool, jobs: list[Job], design: str, global_
     steps = "one pass per epoch" if cfg.steps_per_epoch is None else f"--steps-per-epoch {cfg.steps_per_epoch}"
     # None: the workload decides (a custom factory's own default, mlp's split of its data)
     train, val = ("the workload's own" if v is None else v for v in (cfg.train_size, cfg.val_size))
-    shown = ("workload", "epochs", "steps_per_epoch", "warmup_steps", "batch_size", "lr", "train_size", "val_size",
-             "bind")  # fmt: skip
+    shown = (
+        "workload",
+        "epochs",
+        "steps_per_epoch",
+        "warmup_steps",
+        "batch_size",
+        "lr",
+        "train_size",
+        "val_size",
+        "bind",
+    )
     plain = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in (*shown, "out", "run_id")}
     others = config.to_argv(dataclasses.replace(cfg, **plain))
     knobs = {j.variant.name: j.knobs for j in jobs}

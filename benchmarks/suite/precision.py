@@ -106,8 +106,10 @@ def design_words(args: argparse.Namespace) -> str:
     if args.precision is None:
         return f"{args.repeats} repeat{'s' * (args.repeats != 1)} interleaved"
     budget = f" and {args.budget_s:.0f} s of second stage" if args.budget_s else ""
-    return (f"a pilot of {args.repeats} interleaved, then up to {args.max_repeats} runs of each{budget} toward "
-            f"±{args.precision:.1%} (margin ±{args.margin:.0%})")  # fmt: skip
+    return (
+        f"a pilot of {args.repeats} interleaved, then up to {args.max_repeats} runs of each{budget} toward "
+        f"±{args.precision:.1%} (margin ±{args.margin:.0%})"
+    )
 
 
 RunRounds = Callable[[int, int, set[str]], list[Any]]
@@ -129,9 +131,12 @@ def second_stage(
     target = {arm: min(n, args.max_repeats) for arm, n in needed.items()}
     rounds = max([args.repeats, *target.values()])
     asked = ", ".join(f"{arm} {n}" for arm, n in needed.items())
-    print(f"[compare] toward ±{args.precision:.1%}: the pilot's spreads ask for {asked} runs; at most "
-          f"{args.max_repeats} of each{f' and {args.budget_s:.0f} s' if args.budget_s else ''}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"[compare] toward ±{args.precision:.1%}: the pilot's spreads ask for {asked} runs; at most "
+        f"{args.max_repeats} of each{f' and {args.budget_s:.0f} s' if args.budget_s else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
     attempts: list[Any] = []
     started, stopped = time.monotonic(), ""
     for r in range(args.repeats, rounds):
@@ -143,12 +148,21 @@ def second_stage(
         attempts += run_rounds(r, r + 1, {arm for arm, n in target.items() if n > r})
     reached = _rounds_run(args.repeats, attempts)
     ran = {arm: min(n, reached) for arm, n in target.items()}
-    plan: dict[str, Any] = {"margin": args.margin, "precision": args.precision, "pilot": args.repeats,
-                            "needed": needed, "ran": ran, "max_repeats": args.max_repeats, "budget_s": args.budget_s,
-                            "capped": any(n > args.max_repeats for n in needed.values()) or bool(stopped)}  # fmt: skip
+    plan: dict[str, Any] = {
+        "margin": args.margin,
+        "precision": args.precision,
+        "pilot": args.repeats,
+        "needed": needed,
+        "ran": ran,
+        "max_repeats": args.max_repeats,
+        "budget_s": args.budget_s,
+        "capped": any(n > args.max_repeats for n in needed.values()) or bool(stopped),
+    }
     if args.budget_s:
-        plan["budget"] = stopped or (f"within the default budget (at most {args.max_repeats} runs of each and "
-                                     f"{args.budget_s:.0f} s of second stage)")  # fmt: skip
+        plan["budget"] = stopped or (
+            f"within the default budget (at most {args.max_repeats} runs of each and "
+            f"{args.budget_s:.0f} s of second stage)"
+        )
     if interrupted():
         plan["interrupted"] = True
     files.write_text(root / decision.PLAN_JSON, json.dumps(plan, indent=2) + "\n")

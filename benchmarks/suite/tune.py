@@ -140,15 +140,19 @@ def command(args: argparse.Namespace) -> int:
         if min(args.repeats, args.tune_repeats, args.tune_steps) < 1:
             raise InputError("--repeats, --tune-repeats and --tune-steps must be positive integers")
         if cfg.eval_only:
-            raise InputError("tune ranks knobs by training throughput and --eval-only trains nothing; time "
-                             "evaluation with `distbench compare --eval-only`")  # fmt: skip
+            raise InputError(
+                "tune ranks knobs by training throughput and --eval-only trains nothing; time "
+                "evaluation with `distbench compare --eval-only`"
+            )
         grid = load_grid(args.grid)
         sweep_cfg = dataclasses.replace(
             cfg, epochs=1, steps_per_epoch=min(cfg.steps_per_epoch or 10**9, args.tune_steps)
         )
         if sweep_cfg.steps_per_epoch <= cfg.warmup_steps:
-            raise InputError(f"--tune-steps {args.tune_steps} leaves no timed step after --warmup-steps "
-                             f"{cfg.warmup_steps}; raise --tune-steps")  # fmt: skip
+            raise InputError(
+                f"--tune-steps {args.tune_steps} leaves no timed step after --warmup-steps "
+                f"{cfg.warmup_steps}; raise --tune-steps"
+            )
         own = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
         autotune = autotuning.plan_for(args, chosen)  # --autotune: a setting of its own, never in the sweep or default
         own = {b: dataclasses.replace(o, autotune=False) if b == "horovod" else o for b, o in own.items()}
@@ -170,18 +174,26 @@ def command(args: argparse.Namespace) -> int:
         errors.error(str(exc))
         return errors.EXIT_BAD_INPUT
     sizes = ", ".join(f"{v.name} {len(points[v.name])} points" for v in chosen)
-    print(f"distbench tune: sweep {sizes}, {args.tune_repeats} repeat(s) of {sweep_cfg.steps_per_epoch} steps; "
-          f"then default and best with {args.repeats} repeats each; {nproc[0]} ranks", file=sys.stderr)  # fmt: skip
+    print(
+        f"distbench tune: sweep {sizes}, {args.tune_repeats} repeat(s) of {sweep_cfg.steps_per_epoch} steps; "
+        f"then default and best with {args.repeats} repeats each; {nproc[0]} ranks",
+        file=sys.stderr,
+    )
     if autotuned:
-        print(f"distbench tune: autotune beside them, its warm-up lengthened by {autotune.steps} steps for Horovod's "
-              f"autotuner to settle ({autotune.derivation()})", file=sys.stderr)  # fmt: skip
+        print(
+            f"distbench tune: autotune beside them, its warm-up lengthened by {autotune.steps} steps for Horovod's "
+            f"autotuner to settle ({autotune.derivation()})",
+            file=sys.stderr,
+        )
     with processes.Supervisor(root) as supervisor:
         attempts = compare.run_jobs(sweep, args.tune_repeats, root / "sweep", supervisor, label="tune sweep")
         table = write_tune_csv(root, attempts, sweep, points)
         final: list[compare.Attempt] = []
         if supervisor.interrupted:
-            print("[tune] no report: interrupted during the sweep, before any final run (tune.csv has the sweep)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                "[tune] no report: interrupted during the sweep, before any final run (tune.csv has the sweep)",
+                file=sys.stderr,
+            )
         else:
             best = {v.name: best_point(table, v.name, points[v.name]) for v in chosen}
             final_jobs = []
@@ -195,11 +207,13 @@ def command(args: argparse.Namespace) -> int:
                 final_jobs += [a for a in autotuned if a.variant == v]
             final = compare.run_jobs(final_jobs, args.repeats, root / "final", supervisor, label="tune final")
             more, plan = precision.second_stage(
-                root / "final", args,
-                lambda first, stop, arms: compare.run_jobs(final_jobs, stop, root / "final", supervisor, "tune final",
-                                                           first, arms),
+                root / "final",
+                args,
+                lambda first, stop, arms: compare.run_jobs(
+                    final_jobs, stop, root / "final", supervisor, "tune final", first, arms
+                ),
                 lambda: supervisor.interrupted,
-            )  # fmt: skip
+            )
             final += more
             if final:
                 print(finish(root, final, final_jobs, best, chosen, plan, args.memory_limit_mb))
@@ -224,8 +238,16 @@ def write_tune_csv(root: Path, attempts: list[compare.Attempt], jobs: list[Job],
         variant, index = prefix[row["run_id"].rsplit("-r", 1)[0]]
         point = points[variant.name][index]
         facts = {c: row.get(c) for c in ("repeat", "run_id", "status", "samples_per_s", "timed_wall_s")}
-        rows.append({"variant": variant.name, "backend": variant.backend, "point_index": index,
-                     "point": describe_point(point), **point, **facts})  # fmt: skip
+        rows.append(
+            {
+                "variant": variant.name,
+                "backend": variant.backend,
+                "point_index": index,
+                "point": describe_point(point),
+                **point,
+                **facts,
+            }
+        )
     columns = ["variant", "backend", "point_index", "point", "repeat", "run_id", "status", "samples_per_s"]
     table = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)  # none: interrupted before the first
     ok = table.samples_per_s.where(table.status == "completed")
@@ -286,11 +308,18 @@ def autotune_row(
     else:
         verdict, why, (gain, lo, hi) = keep_or_default(auto, default, {AUTOTUNE: True}, pilot)
     beyond = verdict == "best" and (grid_gain is None or gain > grid_gain)
-    return {"variant": v.name, "backend": v.backend, "best": f"{AUTOTUNE}: {' | '.join(settled) or '—'}",
-            "default_samples_per_s": stats.log_ci(default.samples_per_s)[0],
-            "tuned_samples_per_s": stats.log_ci(auto.samples_per_s)[0], "gain": gain, "gain_low": lo,
-            "gain_high": hi, "why": f"{AUTOTUNE} {why.split(': ')[0].removeprefix('gain ')}",
-            "beyond": beyond}  # fmt: skip
+    return {
+        "variant": v.name,
+        "backend": v.backend,
+        "best": f"{AUTOTUNE}: {' | '.join(settled) or '—'}",
+        "default_samples_per_s": stats.log_ci(default.samples_per_s)[0],
+        "tuned_samples_per_s": stats.log_ci(auto.samples_per_s)[0],
+        "gain": gain,
+        "gain_low": lo,
+        "gain_high": hi,
+        "why": f"{AUTOTUNE} {why.split(': ')[0].removeprefix('gain ')}",
+        "beyond": beyond,
+    }
 
 
 def finish(
@@ -327,10 +356,20 @@ def finish(
             why = f"every {' and '.join(failed)} run failed (see final/comparison.csv): {keep} kept, no gain measured"
         else:
             keep, why, (gain, lo, hi) = keep_or_default(tuned, default, point, plan.get("pilot"))
-        rows.append({"variant": v.name, "backend": v.backend, "best": describe_point(point or {}),
-                     "default_samples_per_s": stats.log_ci(default.samples_per_s)[0],
-                     "tuned_samples_per_s": stats.log_ci(tuned.samples_per_s)[0],
-                     "gain": gain, "gain_low": lo, "gain_high": hi, "kept": keep, "why": why})  # fmt: skip
+        rows.append(
+            {
+                "variant": v.name,
+                "backend": v.backend,
+                "best": describe_point(point or {}),
+                "default_samples_per_s": stats.log_ci(default.samples_per_s)[0],
+                "tuned_samples_per_s": stats.log_ci(tuned.samples_per_s)[0],
+                "gain": gain,
+                "gain_low": lo,
+                "gain_high": hi,
+                "kept": keep,
+                "why": why,
+            }
+        )
         if AUTOTUNE in planned:  # kept when beyond noise and ahead of a kept grid best; one sentence, both rows
             row = autotune_row(root, v, mine, default, gain if keep == "best" else None, plan.get("pilot"))
             keep = AUTOTUNE if row.pop("beyond") else keep

@@ -166,12 +166,23 @@ class Job:
         here, never from OMP_NUM_THREADS (which compare sets to the same value) or from its launcher."""
         cfg = dataclasses.replace(self.cfg, threads=self.threads, bind=self.cfg.bind or placement.NONE)
         plain = config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None))
-        return [*launcher_command(self.variant, self.ranks), "run", "--backend", self.variant.backend,
-                *plain, *self.knobs, "--out", str(root), "--run-id", run_id]  # fmt: skip
+        return [
+            *launcher_command(self.variant, self.ranks),
+            "run",
+            "--backend",
+            self.variant.backend,
+            *plain,
+            *self.knobs,
+            "--out",
+            str(root),
+            "--run-id",
+            run_id,
+        ]
 
 
-def environment_rule(cfg: RunConfig, threads: int | None, knobs: dict[str, list[str]],
-                     env: Mapping[str, str]) -> tuple[int | None, tuple[str, ...]]:  # fmt: skip
+def environment_rule(
+    cfg: RunConfig, threads: int | None, knobs: dict[str, list[str]], env: Mapping[str, str]
+) -> tuple[int | None, tuple[str, ...]]:
     """The rule of docs/fairness.md for the user's own environment, before any job starts: the threads the
     jobs get (an exported OMP_NUM_THREADS or MKL_NUM_THREADS when neither --threads nor `threads` is given) and
     the lines that say what the environment set. A backend knob (HOROVOD_FUSION_THRESHOLD, …) is adopted by
@@ -189,9 +200,16 @@ def environment_rule(cfg: RunConfig, threads: int | None, knobs: dict[str, list[
     return chosen.threads, tuple(environment.adoption_notes(adopted, "distbench"))
 
 
-def jobs_for(cfg: RunConfig, chosen: list[Variant], sizes: list[int], global_batch: int | None,
-             knobs: dict[str, list[str]], threads: int | None = None,
-             strategies: list[str] | None = None, env: Mapping[str, str] | None = None) -> list[Job]:  # fmt: skip
+def jobs_for(
+    cfg: RunConfig,
+    chosen: list[Variant],
+    sizes: list[int],
+    global_batch: int | None,
+    knobs: dict[str, list[str]],
+    threads: int | None = None,
+    strategies: list[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[Job]:
     """One job per world size, variant and validation strategy (`strategies`, cfg's own by default), in the
     order they interleave. Weak scaling (no `global_batch`) keeps cfg's per-rank batch; strong gives each
     world size global_batch ÷ (ranks × accumulate) per rank. A one-process variant gets the whole global

@@ -30,6 +30,10 @@ class Ballast(nn.Module):
 def ballast(seed: int, train_size: int | None = None, val_size: int | None = None) -> workloads.Workload:
     plain = workloads.load("mlp", seed, train_size, val_size)
     return workloads.Workload(
-        name="ballast", build_model=lambda: Ballast(plain.build_model()), train=plain.train, val=plain.val,
-        loss=plain.loss, correct=plain.correct,
-    )  # fmt: skip
+        name="ballast",
+        build_model=lambda: Ballast(plain.build_model()),
+        train=plain.train,
+        val=plain.val,
+        loss=plain.loss,
+        correct=plain.correct,
+    )

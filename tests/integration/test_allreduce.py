@@ -41,8 +41,12 @@ def test_compare_measures_every_implementation_under_its_launcher(tmp_path, horo
     root = tmp_path / "c"
     assert proc.stdout.strip().splitlines()[-1] == str(root)
     combined = pd.read_csv(root / collectives.COMPARISON_CSV)
-    expected = {"torch-gloo": ("torchrun", "none"), "horovod-gloo": ("horovodrun", "gloo"),
-                "horovod-mpi": ("horovodrun", "mpi"), "mpi4py": ("mpirun", "none")}  # fmt: skip
+    expected = {
+        "torch-gloo": ("torchrun", "none"),
+        "horovod-gloo": ("horovodrun", "gloo"),
+        "horovod-mpi": ("horovodrun", "mpi"),
+        "mpi4py": ("mpirun", "none"),
+    }
     assert list(dict.fromkeys(combined.impl)) == list(expected)  # --impls order
     for impl, (launcher, controller) in expected.items():
         rows = combined[combined.impl == impl]
@@ -62,8 +66,18 @@ def test_compare_measures_every_implementation_under_its_launcher(tmp_path, horo
 @pytest.mark.parametrize("impl", list(UNDER))
 def test_a_wrong_reduction_fails_the_run(tmp_path, impl: str, horovod_available) -> None:
     prefix, code = UNDER[impl]
-    cmd = [*prefix(), "allreduce", "--impl", impl, *SIZES, "--out", str(tmp_path), "--run-id", "w",
-           "--inject-wrong-result"]  # fmt: skip
+    cmd = [
+        *prefix(),
+        "allreduce",
+        "--impl",
+        impl,
+        *SIZES,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "w",
+        "--inject-wrong-result",
+    ]
     proc = run_cmd(cmd, timeout=130)
     output = proc.stdout + proc.stderr
     assert proc.returncode == code, output
@@ -117,8 +131,19 @@ def test_bad_input_under_a_launcher_is_said_once(tmp_path, prefix, argv, code: i
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
 def test_fsdps_collectives_under_torchrun_are_checked_and_recorded(tmp_path, collective: str) -> None:
     """4 B holds no float32 per rank on 2 ranks: left out; the others measured, every output exact."""
-    cmd = [*torchrun(2), "allreduce", "--impl", "torch", "--collective", collective, *SIZES, "--out", str(tmp_path),
-           "--run-id", "s"]  # fmt: skip
+    cmd = [
+        *torchrun(2),
+        "allreduce",
+        "--impl",
+        "torch",
+        "--collective",
+        collective,
+        *SIZES,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "s",
+    ]
     run_ok(cmd, timeout=130)
     rows = pd.read_csv(tmp_path / "s" / "allreduce.csv")
     assert rows.size_bytes.tolist() == [4096, 256 * 1024] and rows.correct.all()
@@ -132,16 +157,37 @@ def test_fsdps_collectives_under_torchrun_are_checked_and_recorded(tmp_path, col
 
 @pytest.mark.timeout(150)
 def test_a_wrong_reduce_scatter_shard_fails_the_run(tmp_path) -> None:
-    cmd = [*torchrun(2), "allreduce", "--impl", "torch", "--collective", "reduce_scatter", "--sizes", "8,4K",
-           "--iters", "5", "--warmup", "1", "--quiet", "--timeout", "60", "--out", str(tmp_path), "--run-id", "w",
-           "--inject-wrong-result"]  # fmt: skip
+    cmd = [
+        *torchrun(2),
+        "allreduce",
+        "--impl",
+        "torch",
+        "--collective",
+        "reduce_scatter",
+        "--sizes",
+        "8,4K",
+        "--iters",
+        "5",
+        "--warmup",
+        "1",
+        "--quiet",
+        "--timeout",
+        "60",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "w",
+        "--inject-wrong-result",
+    ]
     proc = run_cmd(cmd, timeout=130)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     lines = _our_lines(output)
     assert len(lines) == 1, output
-    assert "wrong reduce_scatter result at 8 B (float32) on rank 1: element 1 is 6, expected 5 (this rank's shard of " \
-        "the exact sum over 2 ranks)" in lines[0]  # fmt: skip
+    assert (
+        "wrong reduce_scatter result at 8 B (float32) on rank 1: element 1 is 6, expected 5 (this rank's shard of "
+        "the exact sum over 2 ranks)" in lines[0]
+    )
     _no_rank_traceback(output)
     assert meta_of(tmp_path / "w")["status"] == "failed"
     assert check.allreduce_problems(tmp_path / "w") == []

@@ -13,10 +13,28 @@ import pytest
 
 from tests.helpers import horovodrun, run_cmd, run_ok
 
-SMALL = {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1",
-         "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "1"}  # fmt: skip
-RUN = ["run", "--backend", "horovod", "--autotune", "--workload", "linear", "--epochs", "1", "--quiet",
-       "--compute-baseline-steps", "0", "--val-size", "64", "--train-size", "8192"]  # fmt: skip
+SMALL = {
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "1",
+}
+RUN = [
+    "run",
+    "--backend",
+    "horovod",
+    "--autotune",
+    "--workload",
+    "linear",
+    "--epochs",
+    "1",
+    "--quiet",
+    "--compute-baseline-steps",
+    "0",
+    "--val-size",
+    "64",
+    "--train-size",
+    "8192",
+]
 
 
 @pytest.mark.timeout(200)

@@ -38,8 +38,19 @@ def test_bad_input_under_a_launcher_is_said_once(tmp_path, launcher: str, bad: s
 
 @pytest.mark.timeout(150)
 def test_a_run_failing_mid_way_says_its_error_once_with_the_run_directory(tmp_path) -> None:
-    cmd = [*torchrun(2), "run", "--backend", "ddp", *BAD_INPUT_RUN, "--out", str(tmp_path), "--run-id", "r",
-           "--inject-fault", "exception@3:1"]  # fmt: skip
+    cmd = [
+        *torchrun(2),
+        "run",
+        "--backend",
+        "ddp",
+        *BAD_INPUT_RUN,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "r",
+        "--inject-fault",
+        "exception@3:1",
+    ]
     proc = run_cmd(cmd, timeout=130)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
@@ -69,8 +80,9 @@ def test_an_existing_run_directory_is_refused_and_left_alone(tmp_path, launcher:
     existing = tmp_path / "dup"
     existing.mkdir()
     (existing / "run.json").write_text('{"keep": true}')
-    proc = run_cmd([*prefix(), "run", "--backend", backend, *BAD_INPUT_RUN, "--out", str(tmp_path), "--run-id", "dup"],
-                   timeout=130)  # fmt: skip
+    proc = run_cmd(
+        [*prefix(), "run", "--backend", backend, *BAD_INPUT_RUN, "--out", str(tmp_path), "--run-id", "dup"], timeout=130
+    )
     output = proc.stdout + proc.stderr
     lines = our_lines(output)
     assert len(lines) == 1 and "already exists; choose another --run-id or pass --overwrite" in lines[0], output

@@ -67,8 +67,19 @@ def test_the_default_preset_learns_and_reports_its_measured_share(tmp_path) -> N
 
 @pytest.mark.timeout(240)
 def test_compare_survives_a_failing_backend(tmp_path) -> None:
-    cmd = [*COMPARE, "--backends", "ddp,horovod", "--repeats", "1", "--workload", "mlp", "--steps-per-epoch", "4",
-           "--warmup-steps", "1"]  # fmt: skip
+    cmd = [
+        *COMPARE,
+        "--backends",
+        "ddp,horovod",
+        "--repeats",
+        "1",
+        "--workload",
+        "mlp",
+        "--steps-per-epoch",
+        "4",
+        "--warmup-steps",
+        "1",
+    ]
     proc = run_cmd([*cmd, "--out", str(tmp_path / "out"), "--run-id", "cmp"], 200, PYTHONPATH=_shadow_horovod(tmp_path))
     assert proc.returncode != 0, proc.stdout
     comparison = pd.read_csv(tmp_path / "out" / "cmp" / "comparison.csv")
@@ -80,8 +91,23 @@ def test_compare_survives_a_failing_backend(tmp_path) -> None:
 
 @pytest.mark.timeout(300)
 def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None:
-    cmd = [*COMPARE, "--launcher", "mpirun", "--repeats", "2", "--workload", "mlp", "--steps-per-epoch", "6",
-           "--warmup-steps", "1", "--out", str(tmp_path), "--run-id", "cmp"]  # fmt: skip
+    cmd = [
+        *COMPARE,
+        "--launcher",
+        "mpirun",
+        "--repeats",
+        "2",
+        "--workload",
+        "mlp",
+        "--steps-per-epoch",
+        "6",
+        "--warmup-steps",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "cmp",
+    ]
     proc = run_ok(cmd, timeout=280)
     comparison = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
     assert list(comparison.backend) == ["ddp", "horovod", "ddp", "horovod"]  # interleaved
@@ -98,13 +124,32 @@ def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None
 @pytest.mark.timeout(200)
 def test_single_in_a_compare_trains_on_the_same_global_batch(tmp_path) -> None:
     """`single` runs one rank of the whole global batch, so its loss curve is the distributed one."""
-    cmd = [*COMPARE, "--backends", "ddp,single", "--repeats", "1", "--workload", "mlp", "--epochs", "1",
-           "--steps-per-epoch", "8", "--warmup-steps", "1", "--out", str(tmp_path), "--run-id", "cmp"]  # fmt: skip
+    cmd = [
+        *COMPARE,
+        "--backends",
+        "ddp,single",
+        "--repeats",
+        "1",
+        "--workload",
+        "mlp",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "8",
+        "--warmup-steps",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "cmp",
+    ]
     run_ok(cmd, timeout=180)
     ddp, single = meta_of(tmp_path / "cmp" / "ddp-r0"), meta_of(tmp_path / "cmp" / "single-r0")
     assert (single["world_size"], single["config"]["batch_size"]) == (1, 2 * ddp["config"]["batch_size"])
     assert single["global_batch"] == ddp["global_batch"]
-    curves = [pd.read_csv(tmp_path / "cmp" / f"{b}-r0" / "loss.csv").query("split == 'train'")["loss"] for b in
-              ("ddp", "single")]  # fmt: skip
+    curves = [
+        pd.read_csv(tmp_path / "cmp" / f"{b}-r0" / "loss.csv").query("split == 'train'")["loss"]
+        for b in ("ddp", "single")
+    ]
     assert len(curves[0]) == len(curves[1]) == 8
     assert abs(curves[0].to_numpy() - curves[1].to_numpy()).max() < 1e-5

@@ -97,8 +97,26 @@ def test_csv_contract(equivalence_runs) -> None:
 @pytest.mark.timeout(300)
 def test_exact_validation_on_2_and_3_ranks(tmp_path) -> None:
     # The same global batch (96) on 1, 2 and 3 ranks trains the same weights, so only the validation differs.
-    args = ["run", "--backend", "{b}", "--workload", "mlp", "--train-size", "256", "--val-size", "1001", "--epochs",
-            "1", "--steps-per-epoch", "2", "--warmup-steps", "1", "--quiet", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "run",
+        "--backend",
+        "{b}",
+        "--workload",
+        "mlp",
+        "--train-size",
+        "256",
+        "--val-size",
+        "1001",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+    ]
     values = {}
     for world, cmd, backend in ((1, CLI, "single"), (2, torchrun(2), "ddp"), (3, torchrun(3), "ddp")):
         argv = [a.replace("{b}", backend) for a in args]
@@ -157,8 +175,22 @@ def test_backend_collectives_on_two_ranks(backend: str, horovod_available) -> No
 @pytest.mark.timeout(300)
 def test_gradient_accumulation_is_the_same_on_every_backend(tmp_path, horovod_available) -> None:
     """DDP no_sync and Horovod backward_passes_per_step, 2 micro-batches per step, match single."""
-    args = ["run", "--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "10", "--accumulate", "2",
-            "--seed", "5", "--quiet", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "run",
+        "--workload",
+        "mlp",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "10",
+        "--accumulate",
+        "2",
+        "--seed",
+        "5",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+    ]
     curves = {}
     for backend, cmd, batch in (("ddp", torchrun(2), 8), ("horovod", horovodrun(2), 8), ("single", CLI, 16)):
         run_ok([*cmd, *args, "--backend", backend, "--batch-size", str(batch), "--run-id", backend])

@@ -48,11 +48,23 @@ def _one_error_line(stderr: str) -> str:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("launcher", list(UNDER))
-def test_ranks_on_different_data_are_bad_input_under_every_launcher(tmp_path, launcher: str,
-                                                                     horovod_available) -> None:  # fmt: skip
+def test_ranks_on_different_data_are_bad_input_under_every_launcher(tmp_path, launcher: str, horovod_available) -> None:
     prefix, backend, code = UNDER[launcher]
-    proc = run_cmd([*prefix(), "run", "--backend", backend, "--workload", "tutorial:factory", *SHORT,
-                    "--out", str(tmp_path / "out")], timeout=100, PYTHONPATH=_tutorial(tmp_path))  # fmt: skip
+    proc = run_cmd(
+        [
+            *prefix(),
+            "run",
+            "--backend",
+            backend,
+            "--workload",
+            "tutorial:factory",
+            *SHORT,
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        timeout=100,
+        PYTHONPATH=_tutorial(tmp_path),
+    )
     assert proc.returncode == code, proc.stderr[-3000:]
     line = _one_error_line(proc.stderr)
     assert "different training data (rank 1 differs from rank 0)" in line
@@ -62,8 +74,21 @@ def test_ranks_on_different_data_are_bad_input_under_every_launcher(tmp_path, la
 
 @pytest.mark.timeout(60)
 def test_compare_refuses_unseeded_data_before_any_job(tmp_path) -> None:
-    proc = run_cmd([str(BIN / "distbench"), "compare", "--backends", "single,ddp", "--workload", "tutorial:factory",
-                    *SHORT, "--out", str(tmp_path / "out")], timeout=50, PYTHONPATH=_tutorial(tmp_path))  # fmt: skip
+    proc = run_cmd(
+        [
+            str(BIN / "distbench"),
+            "compare",
+            "--backends",
+            "single,ddp",
+            "--workload",
+            "tutorial:factory",
+            *SHORT,
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        timeout=50,
+        PYTHONPATH=_tutorial(tmp_path),
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "`seed` argument" in _one_error_line(proc.stderr) and "[compare 1/" not in proc.stderr
     assert not (tmp_path / "out").exists()
@@ -71,8 +96,24 @@ def test_compare_refuses_unseeded_data_before_any_job(tmp_path) -> None:
 
 @pytest.mark.timeout(150)
 def test_compare_says_single_and_ddp_saw_the_same_inputs(tmp_path) -> None:
-    proc = run_ok([str(BIN / "distbench"), "compare", "--backends", "single,ddp", "--repeats", "1", "--workload",
-                   "linear", *SHORT, "--out", str(tmp_path), "--run-id", "cmp"], timeout=140)  # fmt: skip
+    proc = run_ok(
+        [
+            str(BIN / "distbench"),
+            "compare",
+            "--backends",
+            "single,ddp",
+            "--repeats",
+            "1",
+            "--workload",
+            "linear",
+            *SHORT,
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "cmp",
+        ],
+        timeout=140,
+    )
     assert "inputs: the same data and initial weights in all 2 runs (run.json fingerprints)" in proc.stdout
     prints = [
         json.loads((tmp_path / "cmp" / r / "run.json").read_text())["fingerprint"] for r in ("single-r0", "ddp-r0")
@@ -109,8 +150,23 @@ RANKED_WEIGHTS = textwrap.dedent("""
 @pytest.mark.timeout(120)
 def test_different_initial_weights_are_recorded_not_refused(tmp_path) -> None:
     (tmp_path / "ranked.py").write_text(RANKED_WEIGHTS)
-    proc = run_ok([*torchrun(2), "run", "--backend", "ddp", "--workload", "ranked:factory", *SHORT, "--out",
-                   str(tmp_path), "--run-id", "r"], timeout=100, PYTHONPATH=f"{tmp_path}:{REPO}")  # fmt: skip
+    proc = run_ok(
+        [
+            *torchrun(2),
+            "run",
+            "--backend",
+            "ddp",
+            "--workload",
+            "ranked:factory",
+            *SHORT,
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "r",
+        ],
+        timeout=100,
+        PYTHONPATH=f"{tmp_path}:{REPO}",
+    )
     assert "different initial weights (harmless" in proc.stderr
     record = json.loads((tmp_path / "r" / "run.json").read_text())["fingerprint"]
     assert record["initial_weights_agree"] is False and len(set(record["by_rank"])) == 2

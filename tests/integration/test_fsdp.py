@@ -12,8 +12,23 @@ import pytest
 from benchmarks.analysis import check
 from tests.helpers import CLI, TINY_GPT2, mpirun, read_run, run_cmd, run_ok, torchrun
 
-STEPS = ["--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1", "--seed", "3", "--quiet",
-         "--compute-baseline-steps", "2", "--train-size", "128", "--val-size", "32"]  # fmt: skip
+STEPS = [
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "6",
+    "--warmup-steps",
+    "1",
+    "--seed",
+    "3",
+    "--quiet",
+    "--compute-baseline-steps",
+    "2",
+    "--train-size",
+    "128",
+    "--val-size",
+    "32",
+]
 WORKLOADS = {  # name: (options, FSDP's launcher)
     "transformer": (["--workload", "transformer:dim=32,layers=2", "--trace", "--trace-steps", "2"], "torchrun"),
     "disk-adamw": (["--workload", "mlp:storage=disk", "--optimizer", "adamw", "--lr", "0.01"], "mpirun"),

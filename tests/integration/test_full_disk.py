@@ -34,8 +34,15 @@ class Disk:
     """Bytes per file when no tmpfs could be mounted."""
 
     def run(self, cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=launcher_env(),
-                              preexec_fn=None if self.mounted else self._limit)  # fmt: skip
+        return subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            env=launcher_env(),
+            preexec_fn=None if self.mounted else self._limit,
+        )
 
     def _limit(self) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal's core dump
@@ -90,8 +97,25 @@ def test_a_rank_on_a_full_disk_fails_its_run_cleanly(tmp_path) -> None:
     """Two DDP ranks; the disk fills while rank 0 appends rows: the job ends (no hang), the run is recorded
     failed with the cause, and its rows are whole."""
     with tiny_disk(tmp_path / "disk", 80, 6000) as disk:
-        cmd = [*torchrun(2), "run", "--backend", "ddp", "--workload", "mlp", "--epochs", "2", "--flush-every", "5",
-               "--quiet", "--timeout", "30", "--out", str(disk.path), "--run-id", "r"]  # fmt: skip
+        cmd = [
+            *torchrun(2),
+            "run",
+            "--backend",
+            "ddp",
+            "--workload",
+            "mlp",
+            "--epochs",
+            "2",
+            "--flush-every",
+            "5",
+            "--quiet",
+            "--timeout",
+            "30",
+            "--out",
+            str(disk.path),
+            "--run-id",
+            "r",
+        ]
         proc = disk.run(cmd, timeout=120)
         assert proc.returncode != 0, proc.stderr[-3000:]
         line = one_error_line(proc.stderr, launcher=True)
@@ -108,9 +132,27 @@ def test_compare_on_a_full_disk_says_one_line_and_keeps_its_runs(tmp_path) -> No
     file; `distbench report` on the same disk says the same way; once there is space it writes the report."""
     with tiny_disk(tmp_path / "disk", 200, 12_000) as disk:
         root = disk.path / "c"
-        cmd = [str(BIN / "distbench"), "compare", "--quiet", "--backends", "ddp", "--repeats", "2", "--workload",
-               "mlp", "--steps-per-epoch", "4", "--warmup-steps", "1", "--epochs", "1", "--out", str(disk.path),
-               "--run-id", "c"]  # fmt: skip
+        cmd = [
+            str(BIN / "distbench"),
+            "compare",
+            "--quiet",
+            "--backends",
+            "ddp",
+            "--repeats",
+            "2",
+            "--workload",
+            "mlp",
+            "--steps-per-epoch",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--epochs",
+            "1",
+            "--out",
+            str(disk.path),
+            "--run-id",
+            "c",
+        ]
         proc = disk.run(cmd, timeout=240)
         assert proc.returncode == 1, proc.stderr[-3000:]
         line = one_error_line(proc.stderr)

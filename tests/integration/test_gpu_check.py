@@ -32,8 +32,11 @@ def test_every_gpu_check_step_runs_and_is_read_on_cpu(tmp_path, monkeypatch, hor
 
     def install(c) -> bool:
         wheel = next(c.bundle.glob("distbench-*.whl"))
-        rc, text = c.run("install", [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
-                                     "--target", str(site), str(wheel)], 120)  # fmt: skip
+        rc, text = c.run(
+            "install",
+            [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+            120,
+        )
         c.env["PYTHONPATH"] = str(site)
         c.add("install", "pass" if rc == 0 else "fail", gpu_check.last_line(text))
         return rc == 0
@@ -50,8 +53,19 @@ def test_every_gpu_check_step_runs_and_is_read_on_cpu(tmp_path, monkeypatch, hor
     status = {r["name"]: r["status"] for r in summary["results"]}
     expected_failures = {"doctor", "memory-cnn", "memory-transformer"}
     assert {n for n, s in status.items() if s == "fail"} == expected_failures, status
-    for name in ("install", "single-cnn-1", "single-cnn-2", "single-transformer-1", "ddp-cnn", "ddp-transformer",
-                 "fsdp-cnn", "fsdp-transformer", "fsdp-vs-ddp-cnn", "allreduce", "check"):  # fmt: skip
+    for name in (
+        "install",
+        "single-cnn-1",
+        "single-cnn-2",
+        "single-transformer-1",
+        "ddp-cnn",
+        "ddp-transformer",
+        "fsdp-cnn",
+        "fsdp-transformer",
+        "fsdp-vs-ddp-cnn",
+        "allreduce",
+        "check",
+    ):
         assert status[name] == "pass", (name, status)
     ratio = next(r for r in summary["results"] if r["name"] == "ratio-cnn")
     assert ratio["status"] in ("pass", "warn") and ratio["numbers"]["ratio"] > 0

@@ -49,11 +49,15 @@ def prepare_probe(name: str) -> None:
         def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
             return all(torch.equal(a[k], b[k]) for k in a)
 
-        print(json.dumps({
-            "differed_before": not same(states[0]["before"], states[1]["before"]),
-            "rank0_kept": same(states[0]["before"], states[0]["after"]),
-            "all_equal_after": all(same(states[0]["after"], s["after"]) for s in states),
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "differed_before": not same(states[0]["before"], states[1]["before"]),
+                    "rank0_kept": same(states[0]["before"], states[0]["after"]),
+                    "all_equal_after": all(same(states[0]["after"], s["after"]) for s in states),
+                }
+            )
+        )
 
 
 @pytest.mark.timeout(180)
@@ -74,8 +78,26 @@ def test_several_epochs_on_2_ranks_match_a_plain_loop(tmp_path, backend: str, ho
     """Each epoch reshuffles with its own epoch number: the loss curve of 3 epochs on 2 ranks is a plain
     single-process loop's (DistributedSampler.set_epoch), step for step."""
     cfg = workloads.resolve(RunConfig(workload="mlp", epochs=3, steps_per_epoch=4, batch_size=32, seed=11))
-    args = ["run", "--backend", backend, "--workload", "mlp", "--epochs", "3", "--steps-per-epoch", "4",
-            "--batch-size", "16", "--seed", "11", "--quiet", "--out", str(tmp_path), "--run-id", "r"]  # fmt: skip
+    args = [
+        "run",
+        "--backend",
+        backend,
+        "--workload",
+        "mlp",
+        "--epochs",
+        "3",
+        "--steps-per-epoch",
+        "4",
+        "--batch-size",
+        "16",
+        "--seed",
+        "11",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "r",
+    ]
     run_ok([*(torchrun(2) if backend == "ddp" else horovodrun(2)), *args], timeout=200)
     loss = read_run(tmp_path / "r")["loss"]
     train = loss[loss["split"] == "train"]

@@ -70,8 +70,15 @@ def _all_gone(marker: str, groups: set[int]) -> None:
 
 
 def _start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=REPO, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=launcher_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _interrupt(proc: subprocess.Popen, watched: Path, marker: str, signum: int, group: bool = False) -> str:
@@ -107,8 +114,21 @@ def _interrupted_meta(run_dir: Path) -> dict:
 @pytest.mark.parametrize("launcher", list(VARIANTS))
 def test_sigint_to_compare_stops_the_job_and_keeps_what_completed(tmp_path, launcher: str, horovod_available) -> None:
     root = tmp_path / "cmp"
-    proc = _start([str(BIN / "distbench"), "compare", "--backends", VARIANTS[launcher], "--repeats", "2", *TINY,
-                   "--out", str(tmp_path), "--run-id", "cmp"])  # fmt: skip
+    proc = _start(
+        [
+            str(BIN / "distbench"),
+            "compare",
+            "--backends",
+            VARIANTS[launcher],
+            "--repeats",
+            "2",
+            *TINY,
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "cmp",
+        ]
+    )
     slug = VARIANTS[launcher].replace("@", "-")
     _interrupt(proc, root / f"{slug}-r1" / "run.json", str(root), signal.SIGINT)
     comparison = pd.read_csv(root / "comparison.csv")
@@ -122,8 +142,21 @@ def test_sigint_to_compare_stops_the_job_and_keeps_what_completed(tmp_path, laun
 def test_sigterm_to_the_process_group_of_compare(tmp_path) -> None:
     """What a terminal or a supervisor sends to the whole group: the same clean stop."""
     root = tmp_path / "cmp"
-    proc = _start([str(BIN / "distbench"), "compare", "--backends", "single,ddp", "--repeats", "1", *TINY,
-                   "--out", str(tmp_path), "--run-id", "cmp"])  # fmt: skip
+    proc = _start(
+        [
+            str(BIN / "distbench"),
+            "compare",
+            "--backends",
+            "single,ddp",
+            "--repeats",
+            "1",
+            *TINY,
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "cmp",
+        ]
+    )
     _interrupt(proc, root / "ddp-r0" / "run.json", str(root), signal.SIGTERM, group=True)
     comparison = pd.read_csv(root / "comparison.csv")
     assert list(comparison.status) == ["completed", "interrupted"], comparison
@@ -133,8 +166,21 @@ def test_sigterm_to_the_process_group_of_compare(tmp_path) -> None:
 @pytest.mark.timeout(120)
 def test_a_second_ctrl_c_ends_compare_at_once(tmp_path) -> None:
     root = tmp_path / "cmp"
-    proc = _start([str(BIN / "distbench"), "compare", "--backends", "ddp", "--repeats", "1", *TINY,
-                   "--out", str(tmp_path), "--run-id", "cmp"])  # fmt: skip
+    proc = _start(
+        [
+            str(BIN / "distbench"),
+            "compare",
+            "--backends",
+            "ddp",
+            "--repeats",
+            "1",
+            *TINY,
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "cmp",
+        ]
+    )
     _wait_for(root / "ddp-r0" / "run.json", proc)
     groups = _groups_of(str(root))
     proc.send_signal(signal.SIGINT)
@@ -153,9 +199,27 @@ def test_sigint_to_tune_writes_tune_csv_with_the_interrupted_row(tmp_path) -> No
     grid.write_text("[ddp]\nbucket_cap_mb = [1, 25]\n")
     root = tmp_path / "tune"
     # Sweep runs are one epoch: a larger training set makes one long enough to be caught mid-run.
-    proc = _start([str(BIN / "distbench"), "tune", "--backends", "ddp", "--grid", str(grid), "--tune-steps", "1000",
-                   "--repeats", "1", *TINY, "--train-size", "80000", "--out", str(tmp_path),
-                   "--run-id", "tune"])  # fmt: skip
+    proc = _start(
+        [
+            str(BIN / "distbench"),
+            "tune",
+            "--backends",
+            "ddp",
+            "--grid",
+            str(grid),
+            "--tune-steps",
+            "1000",
+            "--repeats",
+            "1",
+            *TINY,
+            "--train-size",
+            "80000",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "tune",
+        ]
+    )
     _interrupt(proc, root / "sweep" / "ddp-p1-r0" / "run.json", str(root), signal.SIGINT)
     tune = pd.read_csv(root / "tune.csv")
     assert list(tune.status) == ["completed", "interrupted"], tune
@@ -168,9 +232,26 @@ def test_sigint_to_tune_writes_tune_csv_with_the_interrupted_row(tmp_path) -> No
 @pytest.mark.timeout(200)
 def test_sigint_to_allreduce_compare_writes_the_interrupted_row(tmp_path, horovod_available) -> None:
     root = tmp_path / "ar"
-    proc = _start([str(BIN / "distbench"), "allreduce", "--compare", "--impls", "torch,horovod-gloo",
-                   "--sizes", "4,16M", "--iters", "100", "--warmup", "1", "--quiet", "--out", str(tmp_path),
-                   "--run-id", "ar"])  # fmt: skip
+    proc = _start(
+        [
+            str(BIN / "distbench"),
+            "allreduce",
+            "--compare",
+            "--impls",
+            "torch,horovod-gloo",
+            "--sizes",
+            "4,16M",
+            "--iters",
+            "100",
+            "--warmup",
+            "1",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "ar",
+        ]
+    )
     _interrupt(proc, root / "horovod-gloo" / "run.json", str(root), signal.SIGINT)
     combined = pd.read_csv(root / "allreduce-comparison.csv")
     assert set(combined.status) == {"completed", "interrupted"}, combined
@@ -196,16 +277,18 @@ LAUNCHER_SIGNALS = [
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("launcher", "signum"), LAUNCHER_SIGNALS)
-def test_run_interrupted_under_a_launcher_is_failed_never_completed(tmp_path, launcher: str, signum: int,
-                                                                    horovod_available) -> None:  # fmt: skip
+def test_run_interrupted_under_a_launcher_is_failed_never_completed(
+    tmp_path, launcher: str, signum: int, horovod_available
+) -> None:
     """The signal to the launcher's pid alone, as a supervisor sends it. SIGKILL leaves the ranks no
     launcher to stop them: they must notice and stop, not train on and record `completed`. mpirun SIGKILLs
     the job as soon as one rank exits after its SIGTERM, so rank 0's record must come before any rank
     leaves."""
     prefix, backend = RUN_UNDER[launcher]
     run_dir = tmp_path / "r"
-    proc = _start([*prefix(), "run", "--backend", backend, *TINY, "--epochs", "200", "--out", str(tmp_path),
-                   "--run-id", "r"])  # fmt: skip
+    proc = _start(
+        [*prefix(), "run", "--backend", backend, *TINY, "--epochs", "200", "--out", str(tmp_path), "--run-id", "r"]
+    )
     _wait_for(run_dir / "timing.csv", proc)
     time.sleep(1)
     groups = _groups_of(str(tmp_path))
@@ -225,8 +308,21 @@ def test_sigint_to_a_plain_run_records_it_failed_in_one_line(tmp_path) -> None:
     row); run.json is written all the same, and said once."""
     for attempt in range(3):  # each catches the main thread at another point of its step
         run_dir = tmp_path / f"r{attempt}"
-        proc = _start([*CLI, "run", "--backend", "single", *TINY, "--epochs", "300", "--out", str(tmp_path),
-                       "--run-id", run_dir.name])  # fmt: skip
+        proc = _start(
+            [
+                *CLI,
+                "run",
+                "--backend",
+                "single",
+                *TINY,
+                "--epochs",
+                "300",
+                "--out",
+                str(tmp_path),
+                "--run-id",
+                run_dir.name,
+            ]
+        )
         _wait_for(run_dir / "timing.csv", proc)
         time.sleep(0.5 + attempt * 0.3)
         proc.send_signal(signal.SIGINT)

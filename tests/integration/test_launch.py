@@ -55,10 +55,16 @@ def test_ddp_under_srun_environment(tmp_path) -> None:
     procs = []
     for rank in range(2):
         env = launcher_env(
-            SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NTASKS="2", SLURM_STEP_ID="0",
-            SLURM_JOB_ID="7", SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="localhost",
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_STEP_ID="0",
+            SLURM_JOB_ID="7",
+            SLURM_NODEID="0",
+            SLURM_TASKS_PER_NODE="2",
+            SLURM_JOB_NODELIST="localhost",
             MASTER_PORT=str(port),
-        )  # fmt: skip
+        )
         cmd = [*CLI, "run", "--backend", "ddp", *TINY, "--out", str(tmp_path), "--run-id", "srun"]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outputs = [p.communicate(timeout=150) for p in procs]

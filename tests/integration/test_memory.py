@@ -13,8 +13,22 @@ from benchmarks.run import recorder as results
 from tests.helpers import run_ok, torchrun
 from tests.integration.ballast_workload import BALLAST_MB
 
-ARGS = ["run", "--backend", "ddp", "--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1",
-        "--batch-size", "16", "--compute-baseline-steps", "2", "--quiet"]  # fmt: skip
+ARGS = [
+    "run",
+    "--backend",
+    "ddp",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "6",
+    "--warmup-steps",
+    "1",
+    "--batch-size",
+    "16",
+    "--compute-baseline-steps",
+    "2",
+    "--quiet",
+]
 
 
 @pytest.mark.timeout(300)

@@ -18,8 +18,21 @@ from benchmarks.launch.variants import BY_NAME
 from benchmarks.suite import variants
 from tests.helpers import CLI, horovodrun, mpirun, run_cmd, run_ok, torchrun
 
-TINY = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "3", "--warmup-steps", "1", "--quiet",
-        "--compute-baseline-steps", "0", "--val-size", "64"]  # fmt: skip
+TINY = [
+    "--workload",
+    "mlp",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--quiet",
+    "--compute-baseline-steps",
+    "0",
+    "--val-size",
+    "64",
+]
 EVERY_CORE = placement.cpu_list(placement.available())
 
 
@@ -29,8 +42,16 @@ def meta_of(run_dir: Path) -> dict:
 
 def compare_job(variant: str, root: Path, bind: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The command and environment compare gives one repeat of `variant` at 2 ranks."""
-    cfg = RunConfig(workload="mlp", epochs=1, steps_per_epoch=3, warmup_steps=1, quiet=True, compute_baseline_steps=0,
-                    val_size=64, bind=bind)  # fmt: skip
+    cfg = RunConfig(
+        workload="mlp",
+        epochs=1,
+        steps_per_epoch=3,
+        warmup_steps=1,
+        quiet=True,
+        compute_baseline_steps=0,
+        val_size=64,
+        bind=bind,
+    )
     [job] = variants.jobs_for(cfg, [BY_NAME[variant]], [2], None, {}, env={})
     return job.command(root, "r"), {"OMP_NUM_THREADS": str(job.threads)}
 

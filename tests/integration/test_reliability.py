@@ -21,8 +21,21 @@ from tests.helpers import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_
 
 TIMEOUT = 10
 MARGIN = 45  # start-up of two ranks (torch, Horovod) and the launcher's own shutdown on 2 busy cores
-FAULTY = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "8", "--warmup-steps", "1", "--quiet",
-          "--flush-every", "2", "--timeout", str(TIMEOUT)]  # fmt: skip
+FAULTY = [
+    "--workload",
+    "mlp",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "8",
+    "--warmup-steps",
+    "1",
+    "--quiet",
+    "--flush-every",
+    "2",
+    "--timeout",
+    str(TIMEOUT),
+]
 LAUNCHERS = {
     "torchrun-ddp": (lambda: torchrun(2), "ddp"),
     "horovodrun-horovod": (lambda: horovodrun(2, "--gloo"), "horovod"),
@@ -35,8 +48,19 @@ LAUNCHERS = {
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
 def test_fault_ends_the_job_and_leaves_whole_failed_results(tmp_path, launcher: str, mode: str) -> None:
     prefix, backend = LAUNCHERS[launcher]
-    cmd = [*prefix(), "run", "--backend", backend, *FAULTY, "--out", str(tmp_path), "--run-id", "r",
-           "--inject-fault", f"{mode}@4:1"]  # fmt: skip
+    cmd = [
+        *prefix(),
+        "run",
+        "--backend",
+        backend,
+        *FAULTY,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "r",
+        "--inject-fault",
+        f"{mode}@4:1",
+    ]
     start = time.monotonic()
     proc = run_cmd(cmd, timeout=TIMEOUT + MARGIN + 20)
     elapsed = time.monotonic() - start
@@ -53,8 +77,19 @@ def test_fault_ends_the_job_and_leaves_whole_failed_results(tmp_path, launcher: 
 
 @pytest.mark.timeout(120)
 def test_a_fault_on_a_rank_names_that_rank_and_its_error(tmp_path) -> None:
-    cmd = [*torchrun(2), "run", "--backend", "ddp", *FAULTY, "--out", str(tmp_path), "--run-id", "r",
-           "--inject-fault", "exception@3:1"]  # fmt: skip
+    cmd = [
+        *torchrun(2),
+        "run",
+        "--backend",
+        "ddp",
+        *FAULTY,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "r",
+        "--inject-fault",
+        "exception@3:1",
+    ]
     run_cmd(cmd, timeout=100)
     meta = json.loads((tmp_path / "r" / "run.json").read_text())
     assert meta["failed_rank"] == 1 and "injected exception at step 3 on rank 1" in meta["error"]
@@ -64,8 +99,19 @@ def test_a_fault_on_a_rank_names_that_rank_and_its_error(tmp_path) -> None:
 @pytest.mark.parametrize("launcher", ["torchrun-ddp", "mpirun-ddp"])
 def test_a_killed_rank_is_not_blamed_on_rank_0(tmp_path, launcher: str) -> None:
     prefix, backend = LAUNCHERS[launcher]
-    cmd = [*prefix(), "run", "--backend", backend, *FAULTY, "--out", str(tmp_path), "--run-id", "r",
-           "--inject-fault", "sigkill@4:1"]  # fmt: skip
+    cmd = [
+        *prefix(),
+        "run",
+        "--backend",
+        backend,
+        *FAULTY,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "r",
+        "--inject-fault",
+        "sigkill@4:1",
+    ]
     proc = run_cmd(cmd, timeout=100)
     meta = json.loads((tmp_path / "r" / "run.json").read_text())
     assert meta["status"] == "failed" and meta["failed_rank"] is None, (meta, proc.stderr[-3000:])
@@ -76,8 +122,21 @@ def test_a_killed_rank_is_not_blamed_on_rank_0(tmp_path, launcher: str) -> None:
 @pytest.mark.timeout(200)
 def test_compare_marks_a_run_whose_rank_0_was_killed(tmp_path) -> None:
     """SIGKILL on rank 0 leaves nobody to write run.json: compare records the failure."""
-    cmd = [str(BIN / "distbench"), "compare", "--backends", "ddp", "--repeats", "1", *FAULTY,
-           "--inject-fault", "sigkill@3:0", "--out", str(tmp_path), "--run-id", "cmp"]  # fmt: skip
+    cmd = [
+        str(BIN / "distbench"),
+        "compare",
+        "--backends",
+        "ddp",
+        "--repeats",
+        "1",
+        *FAULTY,
+        "--inject-fault",
+        "sigkill@3:0",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "cmp",
+    ]
     proc = run_cmd(cmd, timeout=180)
     assert proc.returncode == 1
     meta = json.loads((tmp_path / "cmp" / "ddp-r0" / "run.json").read_text())
@@ -88,8 +147,27 @@ def test_compare_marks_a_run_whose_rank_0_was_killed(tmp_path) -> None:
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("good")
-    run_ok([*CLI, "run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--steps-per-epoch", "8",
-            "--warmup-steps", "2", "--quiet", "--out", str(out), "--run-id", "good"])  # fmt: skip
+    run_ok(
+        [
+            *CLI,
+            "run",
+            "--backend",
+            "single",
+            "--workload",
+            "linear",
+            "--epochs",
+            "1",
+            "--steps-per-epoch",
+            "8",
+            "--warmup-steps",
+            "2",
+            "--quiet",
+            "--out",
+            str(out),
+            "--run-id",
+            "good",
+        ]
+    )
     assert check.check_run(out / "good") == []
     return out / "good"
 
@@ -156,10 +234,26 @@ def _limit_file_size() -> None:
 @pytest.mark.timeout(120)
 def test_full_disk_gives_a_clear_error_and_whole_rows(tmp_path) -> None:
     """A file-size limit stands in for a full disk: writes fail part-way through the run."""
-    cmd = [*CLI, "run", "--backend", "single", "--workload", "mlp", "--epochs", "1", "--flush-every", "5",
-           "--quiet", "--out", str(tmp_path), "--run-id", "full"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=100,
-                          preexec_fn=_limit_file_size)  # fmt: skip
+    cmd = [
+        *CLI,
+        "run",
+        "--backend",
+        "single",
+        "--workload",
+        "mlp",
+        "--epochs",
+        "1",
+        "--flush-every",
+        "5",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "full",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=launcher_env(), cwd=REPO, timeout=100, preexec_fn=_limit_file_size
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("distbench: error: cannot write")
     assert "File too large" in proc.stderr
@@ -171,8 +265,11 @@ def test_full_disk_gives_a_clear_error_and_whole_rows(tmp_path) -> None:
 def test_missing_horovod_exits_2_with_the_fix(tmp_path) -> None:
     (tmp_path / "horovod").mkdir()
     (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('not here')\n")
-    proc = run_cmd([*CLI, "run", "--backend", "horovod", "--quiet", "--out", str(tmp_path / "out")], timeout=50,
-                   PYTHONPATH=f"{tmp_path}:{REPO}")  # fmt: skip
+    proc = run_cmd(
+        [*CLI, "run", "--backend", "horovod", "--quiet", "--out", str(tmp_path / "out")],
+        timeout=50,
+        PYTHONPATH=f"{tmp_path}:{REPO}",
+    )
     assert proc.returncode == 2 and "make setup" in proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -187,8 +284,23 @@ def test_compare_refuses_a_bad_nproc(tmp_path, nproc: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_concurrent_runs_into_one_out_never_mix(tmp_path) -> None:
-    cmd = [*CLI, "run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--steps-per-epoch", "20",
-           "--quiet", "--flush-every", "3", "--out", str(tmp_path)]  # fmt: skip
+    cmd = [
+        *CLI,
+        "run",
+        "--backend",
+        "single",
+        "--workload",
+        "linear",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "20",
+        "--quiet",
+        "--flush-every",
+        "3",
+        "--out",
+        str(tmp_path),
+    ]
     procs = [subprocess.Popen(cmd, cwd=REPO, env=launcher_env(), stdout=subprocess.PIPE) for _ in range(2)]
     dirs = [Path(p.communicate(timeout=100)[0].decode().strip().splitlines()[-1]) for p in procs]
     assert dirs[0] != dirs[1]
@@ -199,8 +311,25 @@ def test_concurrent_runs_into_one_out_never_mix(tmp_path) -> None:
 
 @pytest.mark.timeout(120)
 def test_existing_run_directory_needs_overwrite(tmp_path) -> None:
-    cmd = [*CLI, "run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--steps-per-epoch", "3",
-           "--warmup-steps", "1", "--quiet", "--out", str(tmp_path), "--run-id", "same"]  # fmt: skip
+    cmd = [
+        *CLI,
+        "run",
+        "--backend",
+        "single",
+        "--workload",
+        "linear",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "same",
+    ]
     run_ok(cmd)
     before = (tmp_path / "same" / "run.json").read_text()
     proc = run_cmd(cmd, timeout=60)

@@ -10,8 +10,23 @@ import pytest
 from benchmarks.analysis import load, tables
 from tests.helpers import BIN, run_ok
 
-TINY = ["--workload", "linear", "--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1", "--train-size", "512",
-        "--val-size", "64", "--batch-size", "8", "--quiet"]  # fmt: skip
+TINY = [
+    "--workload",
+    "linear",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "6",
+    "--warmup-steps",
+    "1",
+    "--train-size",
+    "512",
+    "--val-size",
+    "64",
+    "--batch-size",
+    "8",
+    "--quiet",
+]
 
 
 def geomean(values: pd.Series) -> float:
@@ -20,15 +35,33 @@ def geomean(values: pd.Series) -> float:
 
 @pytest.mark.timeout(240)
 def test_two_variants_at_two_world_sizes_give_the_hand_computed_efficiency(tmp_path, horovod_available) -> None:
-    cmd = [str(BIN / "distbench"), "compare", "--backends", "ddp,horovod@mpi,single", "--nproc", "1,2",
-           "--repeats", "1", *TINY, "--out", str(tmp_path), "--run-id", "s"]  # fmt: skip
+    cmd = [
+        str(BIN / "distbench"),
+        "compare",
+        "--backends",
+        "ddp,horovod@mpi,single",
+        "--nproc",
+        "1,2",
+        "--repeats",
+        "1",
+        *TINY,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "s",
+    ]
     proc = run_ok(cmd, timeout=220)
     root = tmp_path / "s"
     csv = pd.read_csv(root / "comparison.csv")
     # Interleaved: every variant at 1 rank, then every variant at 2.
     assert list(zip(csv.variant, csv.nproc, strict=True)) == [
-        ("ddp@torchrun", 1), ("horovod@mpi", 1), ("single", 1), ("ddp@torchrun", 2), ("horovod@mpi", 2), ("single", 2)
-    ]  # fmt: skip
+        ("ddp@torchrun", 1),
+        ("horovod@mpi", 1),
+        ("single", 1),
+        ("ddp@torchrun", 2),
+        ("horovod@mpi", 2),
+        ("single", 2),
+    ]
     assert (csv.status == "completed").all() and set(csv.scaling) == {"weak"}
     assert list(csv.launcher) == ["torchrun", "horovodrun", "python"] * 2  # read back from run.json
     assert list(csv.controller.fillna("")) == ["", "mpi", ""] * 2

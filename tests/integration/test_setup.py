@@ -70,8 +70,16 @@ def test_system_deps_as_non_root_print_the_exact_command() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as bin_dir:  # pytest's tmp_path is private to root
         os.chmod(bin_dir, 0o755)
         os.symlink(shutil.which("id"), os.path.join(bin_dir, "id"))
-        cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "env", f"PATH={bin_dir}",
-               "/bin/bash", str(REPO / "docker/install-system-deps.sh")]  # fmt: skip
+        cmd = [
+            setpriv,
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "env",
+            f"PATH={bin_dir}",
+            "/bin/bash",
+            str(REPO / "docker/install-system-deps.sh"),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 1
     assert "apt-get update && apt-get install -y openmpi-bin libopenmpi-dev cmake g++" in proc.stderr

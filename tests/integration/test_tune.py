@@ -7,23 +7,58 @@ import pytest
 
 from tests.helpers import BIN, run_ok
 
-TINY = ["--workload", "linear", "--epochs", "1", "--steps-per-epoch", "8", "--warmup-steps", "1", "--train-size", "512",
-        "--val-size", "64", "--batch-size", "8", "--quiet"]  # fmt: skip
+TINY = [
+    "--workload",
+    "linear",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "8",
+    "--warmup-steps",
+    "1",
+    "--train-size",
+    "512",
+    "--val-size",
+    "64",
+    "--batch-size",
+    "8",
+    "--quiet",
+]
 
 
 @pytest.mark.timeout(240)
 def test_tune_on_a_two_by_two_grid_picks_the_argmax_of_its_tune_csv(tmp_path) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text("[ddp]\nbucket_cap_mb = [1, 25]\ngradient_as_bucket_view = [false, true]\n")
-    cmd = [str(BIN / "distbench"), "tune", "--backends", "ddp", "--grid", str(grid), "--repeats", "1",
-           "--tune-repeats", "1", "--tune-steps", "6", *TINY, "--out", str(tmp_path), "--run-id", "t"]  # fmt: skip
+    cmd = [
+        str(BIN / "distbench"),
+        "tune",
+        "--backends",
+        "ddp",
+        "--grid",
+        str(grid),
+        "--repeats",
+        "1",
+        "--tune-repeats",
+        "1",
+        "--tune-steps",
+        "6",
+        *TINY,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "t",
+    ]
     proc = run_ok(cmd, timeout=220)
     root = tmp_path / "t"
     sweep = pd.read_csv(root / "tune.csv")
     assert len(sweep) == 4 and (sweep.status == "completed").all()
     assert set(zip(sweep.bucket_cap_mb, sweep.gradient_as_bucket_view, strict=True)) == {
-        (1.0, False), (1.0, True), (25.0, False), (25.0, True)
-    }  # fmt: skip
+        (1.0, False),
+        (1.0, True),
+        (25.0, False),
+        (25.0, True),
+    }
     argmax = sweep.loc[sweep.samples_per_s.idxmax()]  # one repeat: a point's mean is its run
     assert sweep.best.sum() == 1 and sweep.loc[sweep.best, "point"].item() == argmax.point
     tuned = pd.read_csv(root / "tuned.csv").set_index("variant")

@@ -21,8 +21,25 @@ from tests.helpers import BAD_INPUT_LAUNCHERS, BAD_INPUT_RUN, CLI, no_rank_trace
 
 N = 1001
 STRATEGIES = "exact,sampler,replicated,rank0"
-SHORT = ["--workload", "linear", "--val-size", str(N), "--train-size", "192", "--epochs", "1", "--steps-per-epoch",
-         "6", "--warmup-steps", "1", "--repeats", "1", "--quiet", "--compute-baseline-steps", "0"]  # fmt: skip
+SHORT = [
+    "--workload",
+    "linear",
+    "--val-size",
+    str(N),
+    "--train-size",
+    "192",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "6",
+    "--warmup-steps",
+    "1",
+    "--repeats",
+    "1",
+    "--quiet",
+    "--compute-baseline-steps",
+    "0",
+]
 
 
 def one_process_exact_loss() -> float:
@@ -44,21 +61,41 @@ def validation_rows(root: Path) -> pd.DataFrame:
 def assert_each_strategy(table: pd.DataFrame, world: int) -> None:
     rows = table.xs(world, level="world_size")
     padded = math.ceil(N / world) * world
-    assert rows.val_duplicates.to_dict() == {"exact": 0, "sampler": padded - N, "replicated": (world - 1) * N,
-                                             "rank0": 0}  # fmt: skip
+    assert rows.val_duplicates.to_dict() == {
+        "exact": 0,
+        "sampler": padded - N,
+        "replicated": (world - 1) * N,
+        "rank0": 0,
+    }
     assert rows.loc["sampler", "loss_difference"] != 0  # linear's per-sample losses differ: the mean of means shows
     for strategy in ("exact", "replicated", "rank0"):
         assert rows.loc[strategy, "loss_difference"] == pytest.approx(0, abs=1e-9), strategy
     # What bounds the time: the slowest rank's samples. exact and sampler split the set, the others cannot.
-    assert rows.speedup_bound.to_dict() == pytest.approx({"exact": N / math.ceil(N / world),
-                                                          "sampler": N / math.ceil(N / world),
-                                                          "replicated": 1.0, "rank0": 1.0})  # fmt: skip
+    assert rows.speedup_bound.to_dict() == pytest.approx(
+        {"exact": N / math.ceil(N / world), "sampler": N / math.ceil(N / world), "replicated": 1.0, "rank0": 1.0}
+    )
 
 
 @pytest.mark.timeout(420)
 def test_compare_eval_only_at_1_and_2_ranks_every_strategy(tmp_path: Path) -> None:
-    command = [*CLI, "compare", "--backends", "ddp", "--nproc", "1,2", "--eval-only", "--eval-repeats", "3",
-               "--val-strategy", STRATEGIES, *SHORT, "--out", str(tmp_path), "--run-id", "c"]  # fmt: skip
+    command = [
+        *CLI,
+        "compare",
+        "--backends",
+        "ddp",
+        "--nproc",
+        "1,2",
+        "--eval-only",
+        "--eval-repeats",
+        "3",
+        "--val-strategy",
+        STRATEGIES,
+        *SHORT,
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "c",
+    ]
     proc = run_ok(command, timeout=400)
     root = tmp_path / "c"
     comparison = pd.read_csv(root / "comparison.csv")
@@ -83,8 +120,24 @@ def test_compare_eval_only_at_1_and_2_ranks_every_strategy(tmp_path: Path) -> No
 
 @pytest.mark.timeout(420)
 def test_compare_3_ranks_every_strategy_trains_alike_and_reports_its_own_loss(tmp_path: Path) -> None:
-    run_ok([*CLI, "compare", "--backends", "ddp", "--nproc", "3", "--val-strategy", STRATEGIES, *SHORT,
-            "--out", str(tmp_path), "--run-id", "c"], timeout=400)  # fmt: skip
+    run_ok(
+        [
+            *CLI,
+            "compare",
+            "--backends",
+            "ddp",
+            "--nproc",
+            "3",
+            "--val-strategy",
+            STRATEGIES,
+            *SHORT,
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "c",
+        ],
+        timeout=400,
+    )
     root = tmp_path / "c"
     table = validation_rows(root)
     assert_each_strategy(table, 3)
@@ -100,11 +153,14 @@ def test_compare_3_ranks_every_strategy_trains_alike_and_reports_its_own_loss(tm
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("launcher", list(BAD_INPUT_LAUNCHERS))
-def test_an_unknown_strategy_is_said_once_under_every_launcher(tmp_path: Path, launcher: str,
-                                                               horovod_available) -> None:  # fmt: skip
+def test_an_unknown_strategy_is_said_once_under_every_launcher(
+    tmp_path: Path, launcher: str, horovod_available
+) -> None:
     prefix, backend, code = BAD_INPUT_LAUNCHERS[launcher]
-    proc = run_cmd([*prefix(), "run", "--backend", backend, *BAD_INPUT_RUN, "--val-strategy", "shuffled",
-                    "--out", str(tmp_path)], timeout=130)  # fmt: skip
+    proc = run_cmd(
+        [*prefix(), "run", "--backend", backend, *BAD_INPUT_RUN, "--val-strategy", "shuffled", "--out", str(tmp_path)],
+        timeout=130,
+    )
     output = proc.stdout + proc.stderr
     lines = our_lines(output)
     assert len(lines) == 1 and "--val-strategy 'shuffled' is not one of exact, sampler" in lines[0], output

@@ -32,20 +32,43 @@ OTHER_WORKLOADS = [("disk", "linear:storage=disk", N), ("hf", TINY_GPT2, 11)]
 def _ranks(rank: int, world: int, port: int, out: Path) -> None:
     """One rank: a linear run per strategy (1001 validation samples), rank 0 keeps the evaluated model."""
     torch.set_num_threads(1)
-    info = LaunchInfo(launcher=TORCHRUN, rank=rank, local_rank=rank, world_size=world, local_world_size=world,
-                      master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    info = LaunchInfo(
+        launcher=TORCHRUN,
+        rank=rank,
+        local_rank=rank,
+        world_size=world,
+        local_world_size=world,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
     backend = DDPBackend(RunConfig(timeout=60), DDPConfig(), info)
     backend.init()
     try:
         for strategy in STRATEGIES:
-            cfg = config(workload="linear", epochs=1, steps_per_epoch=4, batch_size=8, warmup_steps=1,
-                         train_size=96, val_size=N, val_strategy=strategy)  # fmt: skip
+            cfg = config(
+                workload="linear",
+                epochs=1,
+                steps_per_epoch=4,
+                batch_size=8,
+                warmup_steps=1,
+                train_size=96,
+                val_size=N,
+                val_strategy=strategy,
+            )
             trainer = fit(backend, cfg, out / strategy if rank == 0 else None)
             if rank == 0:
                 torch.save(trainer.raw_model.state_dict(), out / f"{strategy}.pt")
             for tag, workload, size in OTHER_WORKLOADS:  # a Dataset through its DataLoader, an hf: model
-                cfg = config(workload=workload, epochs=1, steps_per_epoch=4, batch_size=8, warmup_steps=1,
-                             train_size=96, val_size=size, val_strategy=strategy)  # fmt: skip
+                cfg = config(
+                    workload=workload,
+                    epochs=1,
+                    steps_per_epoch=4,
+                    batch_size=8,
+                    warmup_steps=1,
+                    train_size=96,
+                    val_size=size,
+                    val_strategy=strategy,
+                )
                 fit(backend, cfg, out / f"{tag}-{strategy}" if rank == 0 else None)
     finally:
         backend.shutdown()
@@ -82,8 +105,9 @@ def test_every_strategy_against_one_process(ranked: tuple[int, Path]) -> None:
         assert val.samples == N and val.val_s > 0 and not check.check_run(out / strategy)
         per_rank = [r["samples"] for r in meta["per_rank"]]
         if strategy == "sampler":
-            means = [float(losses[list(DistributedSampler(range(N), world, r, shuffle=False))].mean())
-                     for r in range(world)]  # fmt: skip
+            means = [
+                float(losses[list(DistributedSampler(range(N), world, r, shuffle=False))].mean()) for r in range(world)
+            ]
             # float32 losses: this process's thread count (not the ranks' one) reorders a matmul's sums (~3e-9)
             assert val.loss == pytest.approx(sum(means) / world, rel=1e-7)
             assert abs(val.loss - exact) > 1e-6  # the padding's duplicates and the mean of means show

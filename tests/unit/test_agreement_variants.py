@@ -12,8 +12,12 @@ from benchmarks.analysis import context, load, tables, terminal
 from tests.helpers import make_run
 
 ONE_RANK = [[0.1, 0.1, 0.1]]
-PRINT = {"train": {"sha256": "t0", "items": "all"}, "val": {"sha256": "v0", "items": "all"},
-         "initial_weights": "w0", "initial_weights_agree": True}  # fmt: skip
+PRINT = {
+    "train": {"sha256": "t0", "items": "all"},
+    "val": {"sha256": "v0", "items": "all"},
+    "initial_weights": "w0",
+    "initial_weights_agree": True,
+}
 SIGINT = "interrupted: SIGINT to distbench compare stopped the job"  # what compare records (jobs.record_interrupted)
 
 
@@ -46,8 +50,15 @@ def test_variants_are_named_in_the_compare_order(tmp_path) -> None:
 
 def test_knob_hints_name_variants_not_backends(tmp_path) -> None:
     for run_id, launcher, broadcast in (("a", "torchrun", True), ("b", "mpirun", False)):
-        _ddp(tmp_path, run_id, launcher, [1.0, 0.8, 0.6], 0.5 if broadcast else 0.55, model_float_buffers=2,
-             knobs={"broadcast_buffers": broadcast})  # fmt: skip
+        _ddp(
+            tmp_path,
+            run_id,
+            launcher,
+            [1.0, 0.8, 0.6],
+            0.5 if broadcast else 0.55,
+            model_float_buffers=2,
+            knobs={"broadcast_buffers": broadcast},
+        )
     agreement = tables.loss_agreement(load.load_runs(tmp_path))
     assert "ddp@torchrun broadcast buffers (knob broadcast_buffers=True) and ddp@mpirun do not" in agreement.explanation
 
@@ -70,14 +81,19 @@ def test_one_variant_compares_nothing(tmp_path) -> None:
     ]
     _ddp(tmp_path, "ddp-mpirun-r0", "mpirun", [1.0, 0.8], 0.5, workload="cifar")  # another variant, another setup
     agreement = tables.loss_agreement(load.load_runs(tmp_path))
-    assert agreement.lines() == ["loss, max abs difference between variants: nothing to compare (no two variants "
-                                 "trained one setup)"]  # fmt: skip
+    assert agreement.lines() == [
+        "loss, max abs difference between variants: nothing to compare (no two variants trained one setup)"
+    ]
 
 
 def test_validation_strategies_are_compared_apart(tmp_path) -> None:
     # sampler's padding changes the validation loss by design: never a difference between variants
-    runs = [("a", "torchrun", "exact", 0.5), ("b", "mpirun", "exact", 0.5), ("c", "torchrun", "sampler", 0.6),
-            ("d", "mpirun", "sampler", 0.6)]  # fmt: skip
+    runs = [
+        ("a", "torchrun", "exact", 0.5),
+        ("b", "mpirun", "exact", 0.5),
+        ("c", "torchrun", "sampler", 0.6),
+        ("d", "mpirun", "sampler", 0.6),
+    ]
     for run_id, launcher, strategy, val in runs:
         _ddp(tmp_path, run_id, launcher, [1.0, 0.8], val, validation={"strategy": strategy})
     agreement = tables.loss_agreement(load.load_runs(tmp_path))
@@ -88,8 +104,15 @@ def test_validation_strategies_are_compared_apart(tmp_path) -> None:
 
 def _interrupted(tmp_path, run_id: str) -> None:
     """A run as compare leaves it after Ctrl-C: run.json `failed`, `"interrupted": true`, the signal its error."""
-    make_run(tmp_path, run_id, "horovod", ONE_RANK, wall=1.0, status="failed",
-             meta={"launcher": "horovodrun", "knobs": {"controller": "gloo"}})  # fmt: skip
+    make_run(
+        tmp_path,
+        run_id,
+        "horovod",
+        ONE_RANK,
+        wall=1.0,
+        status="failed",
+        meta={"launcher": "horovodrun", "knobs": {"controller": "gloo"}},
+    )
     path = tmp_path / run_id / "run.json"
     meta = json.loads(path.read_text())
     path.write_text(json.dumps({**meta, "interrupted": True, "rank_error": meta["error"], "error": SIGINT}))
@@ -97,8 +120,14 @@ def _interrupted(tmp_path, run_id: str) -> None:
 
 def test_an_interrupted_run_is_interrupted_in_the_summary(tmp_path) -> None:
     for i in range(3):
-        make_run(tmp_path, f"horovod-gloo-r{i}", "horovod", ONE_RANK, wall=1.0,
-                 meta={"launcher": "horovodrun", "knobs": {"controller": "gloo"}})  # fmt: skip
+        make_run(
+            tmp_path,
+            f"horovod-gloo-r{i}",
+            "horovod",
+            ONE_RANK,
+            wall=1.0,
+            meta={"launcher": "horovodrun", "knobs": {"controller": "gloo"}},
+        )
     _interrupted(tmp_path, "horovod-gloo-r3")
     for include_failed in (False, True):  # report, and compare (which loads the failed runs too)
         rs = load.load_runs(tmp_path, include_failed=include_failed)
@@ -117,13 +146,33 @@ def test_an_interrupted_run_is_interrupted_in_the_summary(tmp_path) -> None:
 
 def test_an_interrupted_run_with_no_run_json_is_interrupted(tmp_path) -> None:
     # compare's comparison frame: the run stopped before rank 0 wrote run.json, so it has no error
-    per_run = pd.DataFrame([
-        {"run_key": str(tmp_path / "ddp-r0"), "backend": "ddp", "variant": "ddp@torchrun", "status": "completed",
-         "samples_per_s": 100.0, "step_p50_s": 0.1, "step_p99_s": 0.1, "final_train_loss": 1.0,
-         "final_val_loss": 1.0, "workload": "synthetic", "global_batch": 10, "world_size": 1},
-        {"run_key": str(tmp_path / "ddp-r1"), "backend": "ddp", "variant": "ddp@torchrun", "status": "interrupted",
-         "workload": "synthetic", "global_batch": 10, "world_size": 1},
-    ])  # fmt: skip
+    per_run = pd.DataFrame(
+        [
+            {
+                "run_key": str(tmp_path / "ddp-r0"),
+                "backend": "ddp",
+                "variant": "ddp@torchrun",
+                "status": "completed",
+                "samples_per_s": 100.0,
+                "step_p50_s": 0.1,
+                "step_p99_s": 0.1,
+                "final_train_loss": 1.0,
+                "final_val_loss": 1.0,
+                "workload": "synthetic",
+                "global_batch": 10,
+                "world_size": 1,
+            },
+            {
+                "run_key": str(tmp_path / "ddp-r1"),
+                "backend": "ddp",
+                "variant": "ddp@torchrun",
+                "status": "interrupted",
+                "workload": "synthetic",
+                "global_batch": 10,
+                "world_size": 1,
+            },
+        ]
+    )
     text = terminal.format_table(tables.backend_table(per_run), 0.0)
     said = f"ddp: 1 run(s) interrupted, not failed (left out): {tmp_path / 'ddp-r1'}: stopped before it wrote run.json"
     assert said in text
@@ -135,8 +184,15 @@ def test_an_interrupted_run_with_no_run_json_is_interrupted(tmp_path) -> None:
 
 
 def test_a_failed_run_beside_an_interrupted_one_is_still_failed(tmp_path) -> None:
-    make_run(tmp_path, "horovod-gloo-r0", "horovod", ONE_RANK, wall=1.0, status="failed",
-             meta={"launcher": "horovodrun", "knobs": {"controller": "gloo"}})  # fmt: skip
+    make_run(
+        tmp_path,
+        "horovod-gloo-r0",
+        "horovod",
+        ONE_RANK,
+        wall=1.0,
+        status="failed",
+        meta={"launcher": "horovodrun", "knobs": {"controller": "gloo"}},
+    )
     _interrupted(tmp_path, "horovod-gloo-r1")
     table = tables.backend_table(tables.per_run_stats(load.load_runs(tmp_path, include_failed=True)))
     row = table.iloc[0]

@@ -48,8 +48,11 @@ def test_report_opens_with_the_decision_then_what_was_compared(tmp_path) -> None
     assert [md.index(title) for title in order] == sorted(md.index(title) for title in order)
     assert (tmp_path / "out" / "decision.json").is_file()
     knobs = md[md.index("## Knobs and options") : md.index("## Per run")]
-    for line in ("| knob broadcast-buffers | True | False |", "| knob bucket-cap-mb | 25 | — |",
-                 "| knob fusion-threshold-mb | — | 128 |"):  # fmt: skip
+    for line in (
+        "| knob broadcast-buffers | True | False |",
+        "| knob bucket-cap-mb | 25 | — |",
+        "| knob fusion-threshold-mb | — | 128 |",
+    ):
         assert line in knobs
     assert "--lr" not in knobs and "--out" not in knobs  # equal options, and where runs were written, are not knobs
     backends = md[md.index("## Backends") : md.index("## Knobs")]
@@ -70,8 +73,11 @@ def test_failed_backend_points_at_its_run_json_error(tmp_path) -> None:
 def test_runs_of_one_variant_with_different_knobs_are_flagged_not_pooled_silently(tmp_path) -> None:
     """A tune directory holds one variant at several settings: report says its interval would pool them."""
     for i, bucket in enumerate((1.0, 1.0, 25.0)):
-        meta = {**DDP, "knobs": {**DDP["knobs"], "bucket_cap_mb": bucket},
-                "config": {**DDP["config"], "bucket_cap_mb": bucket}}  # fmt: skip
+        meta = {
+            **DDP,
+            "knobs": {**DDP["knobs"], "bucket_cap_mb": bucket},
+            "config": {**DDP["config"], "bucket_cap_mb": bucket},
+        }
         make_run(tmp_path, f"ddp-p{i}", "ddp", ONE_RANK, wall=1.0, meta=meta)
     (warning,) = context.pooled_settings(load.load_runs(tmp_path))
     assert warning.startswith("warning: ddp@torchrun (synthetic") and "differ in --bucket-cap-mb," in warning

@@ -21,8 +21,15 @@ ONE_RANK, TWO_RANKS = [[1.0, 0.1, 0.1]], [[1.0, 0.1, 0.1], [1.0, 0.1, 0.1]]
 
 def failed_run(root: Path, run_id: str, backend: str, error: str = "rank 1 exited with 1") -> Path:
     """A run that failed before it timed a step: run.json and header-only CSVs, no summary."""
-    meta = {"run_id": run_id, "backend": backend, "launcher": "torchrun", "world_size": 1, "workload": "synthetic",
-            "global_batch": 10, "threads": 1}  # fmt: skip
+    meta = {
+        "run_id": run_id,
+        "backend": backend,
+        "launcher": "torchrun",
+        "world_size": 1,
+        "workload": "synthetic",
+        "global_batch": 10,
+        "threads": 1,
+    }
     rec = results.Recorder(root / run_id, meta)
     rec.finish("failed", error=error)
     return root / run_id
@@ -88,8 +95,10 @@ def test_several_workloads_say_which_setup_a_line_is_about(tmp_path) -> None:
     assert f"{compared} synthetic · global batch 10): train 1.00e-01," in text
     assert f"{compared} cifar · global batch 10): train 0.00e+00," in text
     verdicts = [li for li in lines if " from too few runs" in li]
-    assert [v.split(":")[0] for v in verdicts] == ["synthetic · global batch 10 · 1 rank(s)",
-                                                   "cifar · global batch 10 · 1 rank(s)"]  # fmt: skip
+    assert [v.split(":")[0] for v in verdicts] == [
+        "synthetic · global batch 10 · 1 rank(s)",
+        "cifar · global batch 10 · 1 rank(s)",
+    ]
     warnings = [li for li in lines if li.startswith("warning:")]
     assert len(warnings) == 4 and all(w.startswith(("warning: synthetic · ", "warning: cifar · ")) for w in warnings)
     # one setup: the lines stay as they were
@@ -127,9 +136,17 @@ def test_scaling_section_only_when_a_backend_spans_world_sizes(tmp_path) -> None
 def test_a_run_whose_process_died_says_so(tmp_path) -> None:
     make_run(tmp_path, "ddp-r0", "ddp", ONE_RANK, wall=0.2)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    meta = {"run_id": "horovod-r0", "backend": "horovod", "launcher": "torchrun", "world_size": 1,
-            "workload": "synthetic", "global_batch": 10, "threads": 1, "host": socket.gethostname(),
-            "pid": int(gone.stdout)}  # fmt: skip
+    meta = {
+        "run_id": "horovod-r0",
+        "backend": "horovod",
+        "launcher": "torchrun",
+        "world_size": 1,
+        "workload": "synthetic",
+        "global_batch": 10,
+        "threads": 1,
+        "host": socket.gethostname(),
+        "pid": int(gone.stdout),
+    }
     results.Recorder(tmp_path / "horovod-r0", meta)  # left `running`, never finished
     assert int(gone.stdout) != os.getpid()
     rs = load.load_runs(tmp_path)

@@ -36,8 +36,12 @@ def test_a_gpu_build_tunes_all_four_switches() -> None:
 
 
 def test_exported_settings_and_fixed_parameters_change_the_minimum() -> None:
-    env = {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1",
-           "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "1", "HOROVOD_CACHE_CAPACITY": "1024"}  # fmt: skip
+    env = {
+        "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
+        "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1",
+        "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "1",
+        "HOROVOD_CACHE_CAPACITY": "1024",
+    }
     plan = at.plan(env, gpu_build=False)
     assert plan.tunable == ("hierarchical_allgather",) and plan.steps == (0 + 2 * 2) * 6
     with pytest.raises(InputError, match="not an integer"):
@@ -100,8 +104,14 @@ def test_tune_finish_sets_the_autotuned_run_beside_default_and_grid_best(tmp_pat
         jobs.append(variants.Job(v, 1, RunConfig(), [], 1, prefix))
         knobs = {"controller": "gloo", **({"autotuned": settled} if setting == "autotune" else {})}
         for repeat, samples_per_s in enumerate(values):
-            make_run(tmp_path / "final", f"{prefix}-r{repeat}", v.backend, [[0.1, 0.1, 0.1]], wall=20 / samples_per_s,
-                     meta={"launcher": "horovodrun", "launcher_detail": "gloo", "knobs": knobs})  # fmt: skip
+            make_run(
+                tmp_path / "final",
+                f"{prefix}-r{repeat}",
+                v.backend,
+                [[0.1, 0.1, 0.1]],
+                wall=20 / samples_per_s,
+                meta={"launcher": "horovodrun", "launcher_detail": "gloo", "knobs": knobs},
+            )
             attempts.append(compare.Attempt(v.name, v.backend, 1, 10, repeat, f"{prefix}-r{repeat}", [], returncode=0))
     text = tune.finish(tmp_path, attempts, jobs, {v.name: {"fusion_threshold_mb": 1.0}}, [v], {"margin": 0.05})
     tuned = pd.read_csv(tmp_path / tune.TUNED_CSV)

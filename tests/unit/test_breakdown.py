@@ -36,8 +36,9 @@ def test_without_a_baseline_the_breakdown_is_empty_not_zero() -> None:
 
 def single_run_in(run_dir: Path) -> Path:
     """A real single-process run of 30 timed steps with a 20-step compute baseline."""
-    cfg = config(workload="mlp", epochs=1, steps_per_epoch=35, batch_size=16, train_size=1024,
-                 compute_baseline_steps=20)  # fmt: skip
+    cfg = config(
+        workload="mlp", epochs=1, steps_per_epoch=35, batch_size=16, train_size=1024, compute_baseline_steps=20
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the harness sets it: idle intra-op threads spinning on a busy machine are noise
     try:

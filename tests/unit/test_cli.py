@@ -73,12 +73,12 @@ BAD_INPUT = {
     "steps per epoch within warm-up": (
         ["--epochs", "1", "--steps-per-epoch", "5", "--warmup-steps", "5"],
         "leaves no timed step after --warmup-steps 5",
-    ),  # fmt: skip
+    ),
     # 64 samples in batches of 32: 2 steps per epoch, 4 in all, all warm-up; only the data size shows it.
     "a pass within warm-up": (
         ["--train-size", "64", "--batch-size", "32", "--warmup-steps", "4"],
         "--epochs 2 × 2 steps per epoch leaves no timed step",
-    ),  # fmt: skip
+    ),
     "negative baseline": (["--compute-baseline-steps", "-1"], "--compute-baseline-steps must be >= 0"),
     "zero trace steps": (["--trace-steps", "0"], "--trace-steps must be a positive integer"),
     "factory raises": (["--workload", "wl_custom:raises"], "workload 'wl_custom:raises' failed to build: KeyError"),
@@ -124,8 +124,9 @@ def test_hf_without_transformers_is_one_line(in_tmp_cwd, capsys, monkeypatch) ->
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "transformers" else real(n, *a))
     assert main(["run", "--backend", "single", "--workload", "hf:gpt2", "--quiet", "--out", "out"]) == EXIT_BAD_INPUT
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["distbench: error: workload 'hf:gpt2' needs transformers: pip install -e '.[hf]' "
-                     "(make setup installs it)"]  # fmt: skip
+    assert lines == [
+        "distbench: error: workload 'hf:gpt2' needs transformers: pip install -e '.[hf]' (make setup installs it)"
+    ]
 
 
 def test_unwritable_out_is_one_line(tmp_path, capsys) -> None:
@@ -158,8 +159,19 @@ def test_a_custom_workload_from_the_working_directory_runs_and_is_pinned(in_tmp_
 
 
 def test_every_option_is_recorded_and_another_backends_option_warns(tmp_path, capsys) -> None:
-    argv = ["run", "--backend", "single", *TINY, "--out", str(tmp_path), "--fusion-threshold-mb", "64",
-            "--no-broadcast-buffers", "--bucket-cap-mb", "25"]  # fmt: skip
+    argv = [
+        "run",
+        "--backend",
+        "single",
+        *TINY,
+        "--out",
+        str(tmp_path),
+        "--fusion-threshold-mb",
+        "64",
+        "--no-broadcast-buffers",
+        "--bucket-cap-mb",
+        "25",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     meta = json.loads((Path(captured.out.strip()) / "run.json").read_text())
@@ -188,8 +200,9 @@ def test_help_shows_each_workloads_own_defaults(capsys) -> None:
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO,
-                          timeout=100)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO, timeout=100
+    )
 
 
 @pytest.mark.timeout(120)

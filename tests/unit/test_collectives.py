@@ -42,8 +42,15 @@ def test_bandwidth_formulas_against_hand_computed_values(size, seconds, world, a
 
 
 def test_a_csv_row_takes_the_mean_over_ranks_and_a_wrong_result_claims_nothing() -> None:
-    meta = {"run_id": "r", "impl": "mpi4py", "launcher": "mpirun", "controller": "none", "world_size": 2,
-            "device": "cpu", "dtype": "float32"}  # fmt: skip
+    meta = {
+        "run_id": "r",
+        "impl": "mpi4py",
+        "launcher": "mpirun",
+        "controller": "none",
+        "world_size": 2,
+        "device": "cpu",
+        "dtype": "float32",
+    }
     row = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], correct=True)
     assert (row["time_mean_s"], row["time_min_s"], row["time_max_s"]) == (2e-3, 1e-3, 3e-3)
     assert row["algbw_gbps"] == pytest.approx(0.524288) and row["busbw_gbps"] == pytest.approx(0.524288)
@@ -79,12 +86,24 @@ def test_bad_sizes_are_refused(text: str) -> None:
 
 def test_format_size() -> None:
     assert [config.format_size(s) for s in (4, 1000, 1024, 3 * MiB, 256 * MiB, 1 << 30)] == [
-        "4 B", "1000 B", "1 KiB", "3 MiB", "256 MiB", "1 GiB"]  # fmt: skip
+        "4 B",
+        "1000 B",
+        "1 KiB",
+        "3 MiB",
+        "256 MiB",
+        "1 GiB",
+    ]
 
 
 def test_warm_up_scales_to_the_size_and_the_timed_loop_to_half_a_second() -> None:
     assert [rank_side.warmup_count(s) for s in (4, 4 * MiB, 8 * MiB, 32 * MiB, 64 * MiB, 256 * MiB)] == [
-        10, 10, 8, 2, 1, 1]  # fmt: skip
+        10,
+        10,
+        8,
+        2,
+        1,
+        1,
+    ]
     assert rank_side.iteration_count(2e-6) == 100_000  # capped
     assert rank_side.iteration_count(1e-3) == 500
     assert rank_side.iteration_count(0.12) == 5  # at least 5
@@ -200,15 +219,33 @@ def test_the_parser_and_the_analysis_import_only_what_they_need() -> None:
     assert proc.stdout.split("\n")[:3] == ["[]", "[]", "False"], proc.stdout + proc.stderr
 
 
-def write_run(root: Path, run_id: str, impl: str, rows: list[tuple[int, float]], status: str = "completed",
-              world: int = 2, dtype: str = "float32") -> Path:  # fmt: skip
+def write_run(
+    root: Path,
+    run_id: str,
+    impl: str,
+    rows: list[tuple[int, float]],
+    status: str = "completed",
+    world: int = 2,
+    dtype: str = "float32",
+) -> Path:
     """A run directory as rank 0 writes it, from (size, mean time) pairs (every rank with that mean)."""
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
-    meta = {"schema_version": rank_side.SCHEMA_VERSION, "kind": rank_side.KIND, "run_id": run_id, "impl": impl,
-            "collective": "allreduce", "launcher": "mpirun", "controller": "none", "world_size": world,
-            "device": "cpu", "dtype": dtype, "sizes": [s for s, _ in rows], "status": status,
-            "run_dir": str(run_dir)}  # fmt: skip
+    meta = {
+        "schema_version": rank_side.SCHEMA_VERSION,
+        "kind": rank_side.KIND,
+        "run_id": run_id,
+        "impl": impl,
+        "collective": "allreduce",
+        "launcher": "mpirun",
+        "controller": "none",
+        "world_size": world,
+        "device": "cpu",
+        "dtype": dtype,
+        "sizes": [s for s, _ in rows],
+        "status": status,
+        "run_dir": str(run_dir),
+    }
     rank_side._append(run_dir / rank_side.CSV_NAME, [], header=True)
     for size, seconds in rows:
         rank_side._append(run_dir / rank_side.CSV_NAME, [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True)])

@@ -45,8 +45,16 @@ def test_bus_bandwidth_of_a_reduce_scatter_and_an_all_gather_by_hand() -> None:
     for collective in ("reduce_scatter", "all_gather"):
         assert rank_side.busbw_gbps(MiB, 1e-3, 4, collective) == pytest.approx(0.786432, rel=1e-12)
     assert rank_side.busbw_gbps(MiB, 1e-3, 4) == pytest.approx(1.572864, rel=1e-12)  # allreduce, the default
-    meta = {"run_id": "r", "impl": "torch-gloo", "collective": "reduce_scatter", "launcher": "torchrun",
-            "controller": "none", "world_size": 4, "device": "cpu", "dtype": "float32"}  # fmt: skip
+    meta = {
+        "run_id": "r",
+        "impl": "torch-gloo",
+        "collective": "reduce_scatter",
+        "launcher": "torchrun",
+        "controller": "none",
+        "world_size": 4,
+        "device": "cpu",
+        "dtype": "float32",
+    }
     row = rank_side.size_row(meta, MiB, 1, 5, [1e-3] * 4, correct=True)
     assert row["collective"] == "reduce_scatter" and row["busbw_gbps"] == pytest.approx(0.786432)
     assert set(row) == set(rank_side.COLUMNS)
@@ -146,14 +154,25 @@ def argparse_namespace(argv: list[str]):
     return cli.build_parser().parse_args(argv)
 
 
-def write_run(root: Path, run_id: str, impl: str, rows: list[tuple[int, float]], collective: str | None = None,
-              world: int = 2) -> Path:  # fmt: skip
+def write_run(
+    root: Path, run_id: str, impl: str, rows: list[tuple[int, float]], collective: str | None = None, world: int = 2
+) -> Path:
     """A run directory as rank 0 writes it; `collective` None: as schema 1 wrote it (no collective)."""
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
-    meta = {"schema_version": rank_side.SCHEMA_VERSION if collective else 1, "kind": rank_side.KIND,
-            "run_id": run_id, "impl": impl, "launcher": "torchrun", "controller": "none", "world_size": world,
-            "device": "cpu", "dtype": "float32", "sizes": [s for s, _ in rows], "status": "completed"}  # fmt: skip
+    meta = {
+        "schema_version": rank_side.SCHEMA_VERSION if collective else 1,
+        "kind": rank_side.KIND,
+        "run_id": run_id,
+        "impl": impl,
+        "launcher": "torchrun",
+        "controller": "none",
+        "world_size": world,
+        "device": "cpu",
+        "dtype": "float32",
+        "sizes": [s for s, _ in rows],
+        "status": "completed",
+    }
     if collective:
         meta["collective"] = collective
     lines = [rank_side.size_row(meta, s, 1, 5, [t] * world, True) for s, t in rows]

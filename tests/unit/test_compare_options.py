@@ -23,8 +23,11 @@ def test_a_given_workload_brings_its_own_defaults_not_the_transformer_preset() -
     assert not preset
     cnn = catalog.REGISTRY["cnn"].defaults
     assert (cfg.lr, cfg.batch_size, cfg.train_size, cfg.val_size) == (
-        cnn["lr"], cnn["batch_size"], cnn["train_size"], cnn["val_size"]
-    )  # fmt: skip
+        cnn["lr"],
+        cnn["batch_size"],
+        cnn["train_size"],
+        cnn["val_size"],
+    )
     assert (cfg.epochs, cfg.steps_per_epoch, cfg.warmup_steps) == (2, None, 5)  # run's own defaults
 
 

@@ -81,16 +81,29 @@ class CountingTrainer(Trainer):
 
 def _two_ranks(rank: int, port: int, out: Path) -> None:
     torch.set_num_threads(1)
-    info = LaunchInfo(launcher=TORCHRUN, rank=rank, local_rank=rank, world_size=2, local_world_size=2,
-                      master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    info = LaunchInfo(
+        launcher=TORCHRUN,
+        rank=rank,
+        local_rank=rank,
+        world_size=2,
+        local_world_size=2,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
     backend = HookedDDP(RunConfig(timeout=60), DDPConfig(), info)
     backend.init()
     found = {}
     try:
         for delay in (0.0, DELAY_S):
             backend.delay_s = delay
-            cfg = config(workload="mlp", epochs=1, steps_per_epoch=14, batch_size=16, warmup_steps=2,
-                         compute_baseline_steps=BASELINE_STEPS)  # fmt: skip
+            cfg = config(
+                workload="mlp",
+                epochs=1,
+                steps_per_epoch=14,
+                batch_size=16,
+                warmup_steps=2,
+                compute_baseline_steps=BASELINE_STEPS,
+            )
             trainer = fit(backend, cfg, out / f"delay{delay}" if rank == 0 else None, CountingTrainer)
             assert isinstance(trainer, CountingTrainer)
             found[str(delay)] = trainer.counts

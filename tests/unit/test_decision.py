@@ -22,8 +22,14 @@ def _decide(tmp_path: Path, throughputs: dict[str, list[float]], **plan) -> dict
         backend, launcher = variant.split("@")
         for repeat, value in enumerate(values):
             run_id = f"{backend}-{launcher}-r{repeat}"
-            make_run(tmp_path / "c", run_id, backend, [[0.1, 0.1, 0.1]], wall=20 / value,
-                     meta={"launcher": launcher, "variant": variant})  # fmt: skip
+            make_run(
+                tmp_path / "c",
+                run_id,
+                backend,
+                [[0.1, 0.1, 0.1]],
+                wall=20 / value,
+                meta={"launcher": launcher, "variant": variant},
+            )
     per_run = tables.per_run_stats(load.load_runs(tmp_path / "c"))
     return decision.decide(per_run, plan=plan or None)
 
@@ -80,10 +86,22 @@ def _per_run(memory: dict[str, float], throughput: dict[str, float]) -> pd.DataF
     rows = []
     for variant, mb in memory.items():
         for r, wobble in enumerate((1.0, 1.01, 0.99)):
-            rows.append({"run_id": f"{variant.replace('@', '-')}-r{r}", "variant": variant, "backend": variant,
-                         "status": "completed", "workload": "w", "global_batch": 32, "world_size": 2,
-                         "samples_per_s": throughput[variant] * wobble, "peak_rss_mb_min": mb, "peak_rss_mb_max": mb,
-                         "training_rss_mb_min": mb - 300, "training_rss_mb_max": mb - 300})  # fmt: skip
+            rows.append(
+                {
+                    "run_id": f"{variant.replace('@', '-')}-r{r}",
+                    "variant": variant,
+                    "backend": variant,
+                    "status": "completed",
+                    "workload": "w",
+                    "global_batch": 32,
+                    "world_size": 2,
+                    "samples_per_s": throughput[variant] * wobble,
+                    "peak_rss_mb_min": mb,
+                    "peak_rss_mb_max": mb,
+                    "training_rss_mb_min": mb - 300,
+                    "training_rss_mb_max": mb - 300,
+                }
+            )
     return pd.DataFrame(rows)
 
 

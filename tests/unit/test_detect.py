@@ -10,28 +10,66 @@ from benchmarks import launch
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-          "GROUP_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"},
-         launch.LaunchInfo("torchrun", 3, 1, 4, 2, 1, "h0", 1234)),
-        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-          "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
-         launch.LaunchInfo("mpirun", 1, 1, 2, 2, detail="mpi")),
-        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "NCCL_SOCKET_IFNAME": "lo",
-          "OMPI_MCA_btl_tcp_if_include": "lo"},
-         launch.LaunchInfo("horovodrun", 0, 0, 2, 1, detail="mpi")),
-        ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
-          "HOROVOD_CROSS_RANK": "0"},
-         launch.LaunchInfo("horovodrun", 1, 1, 2, 2, 0, detail="gloo")),
+        (
+            {
+                "TORCHELASTIC_RUN_ID": "x",
+                "RANK": "3",
+                "LOCAL_RANK": "1",
+                "WORLD_SIZE": "4",
+                "LOCAL_WORLD_SIZE": "2",
+                "GROUP_RANK": "1",
+                "MASTER_ADDR": "h0",
+                "MASTER_PORT": "1234",
+            },
+            launch.LaunchInfo("torchrun", 3, 1, 4, 2, 1, "h0", 1234),
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "1",
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            },
+            launch.LaunchInfo("mpirun", 1, 1, 2, 2, detail="mpi"),
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "0",
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "NCCL_SOCKET_IFNAME": "lo",
+                "OMPI_MCA_btl_tcp_if_include": "lo",
+            },
+            launch.LaunchInfo("horovodrun", 0, 0, 2, 1, detail="mpi"),
+        ),
+        (
+            {
+                "HOROVOD_RANK": "1",
+                "HOROVOD_SIZE": "2",
+                "HOROVOD_LOCAL_RANK": "1",
+                "HOROVOD_LOCAL_SIZE": "2",
+                "HOROVOD_CROSS_RANK": "0",
+            },
+            launch.LaunchInfo("horovodrun", 1, 1, 2, 2, 0, detail="gloo"),
+        ),
         ({"PMI_RANK": "2", "PMI_SIZE": "4"}, launch.LaunchInfo("mpirun", 2, 0, 4, 1, detail="mpi")),
-        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
-          "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_ID": "42",
-          "SLURM_JOB_NODELIST": "gpu[07-10]"},
-         launch.LaunchInfo("srun", 5, 1, 8, 2, 2, "gpu07", 15042)),
+        (
+            {
+                "SLURM_PROCID": "5",
+                "SLURM_NTASKS": "8",
+                "SLURM_LOCALID": "1",
+                "SLURM_STEP_ID": "0",
+                "SLURM_NODEID": "2",
+                "SLURM_TASKS_PER_NODE": "2(x4)",
+                "SLURM_JOB_ID": "42",
+                "SLURM_JOB_NODELIST": "gpu[07-10]",
+            },
+            launch.LaunchInfo("srun", 5, 1, 8, 2, 2, "gpu07", 15042),
+        ),
         # an sbatch script itself has SLURM_PROCID but no step: a plain single process
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n1"}, launch.LaunchInfo("python")),
         ({}, launch.LaunchInfo("python")),
     ],
-)  # fmt: skip
+)
 def test_detect(env: dict[str, str], expected: launch.LaunchInfo) -> None:
     assert launch.detect(env) == expected
 

@@ -20,21 +20,41 @@ from benchmarks.suite import variants
 from tests.helpers import make_run
 
 MPIRUN_ENV = {
-    "OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_MCA_ess_base_vpid": "0",
-    "OMPI_MCA_orte_precondition_transports": "abc-def", "OMPI_MCA_btl": "^openib", "OMPI_MCA_mpi_oversubscribe": "0",
-    "PMIX_RANK": "0", "OMPI_ARGV": "-m benchmarks.cli", "HOROVOD_RANK": "1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "1234",
-}  # fmt: skip
+    "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1",
+    "OMPI_MCA_ess_base_vpid": "0",
+    "OMPI_MCA_orte_precondition_transports": "abc-def",
+    "OMPI_MCA_btl": "^openib",
+    "OMPI_MCA_mpi_oversubscribe": "0",
+    "PMIX_RANK": "0",
+    "OMPI_ARGV": "-m benchmarks.cli",
+    "HOROVOD_RANK": "1",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT": "1234",
+}
 
 
 # --- what is recorded --------------------------------------------------------------------------------------
 def test_only_variables_that_can_change_a_measurement_are_recorded() -> None:
-    env = {**MPIRUN_ENV, "NCCL_DEBUG": "INFO", "HOROVOD_AUTOTUNE": "1", "TORCH_NCCL_BLOCKING_WAIT": "1",
-           "OMP_NUM_THREADS": "4", "LD_PRELOAD": "libjemalloc.so", "HOME": "/root", "PATH": "/bin",
-           "MASTER_PORT": "29500"}  # fmt: skip
+    env = {
+        **MPIRUN_ENV,
+        "NCCL_DEBUG": "INFO",
+        "HOROVOD_AUTOTUNE": "1",
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
+        "OMP_NUM_THREADS": "4",
+        "LD_PRELOAD": "libjemalloc.so",
+        "HOME": "/root",
+        "PATH": "/bin",
+        "MASTER_PORT": "29500",
+    }
     assert environment.recorded_variables(env) == {
-        "HOROVOD_AUTOTUNE": "1", "LD_PRELOAD": "libjemalloc.so", "NCCL_DEBUG": "INFO", "OMPI_MCA_btl": "^openib",
-        "OMPI_MCA_mpi_oversubscribe": "0", "OMP_NUM_THREADS": "4", "TORCH_NCCL_BLOCKING_WAIT": "1",
-    }  # fmt: skip
+        "HOROVOD_AUTOTUNE": "1",
+        "LD_PRELOAD": "libjemalloc.so",
+        "NCCL_DEBUG": "INFO",
+        "OMPI_MCA_btl": "^openib",
+        "OMPI_MCA_mpi_oversubscribe": "0",
+        "OMP_NUM_THREADS": "4",
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
+    }
 
 
 def test_a_secret_is_recorded_as_set_never_its_value() -> None:
@@ -43,8 +63,11 @@ def test_a_secret_is_recorded_as_set_never_its_value() -> None:
 
 
 def test_rank_zeros_set_and_only_what_another_rank_has_differently() -> None:
-    ranks = [{"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0"}, {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0"},
-             {"CUDA_VISIBLE_DEVICES": "1", "UCX_TLS": "tcp"}]  # fmt: skip
+    ranks = [
+        {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0"},
+        {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0"},
+        {"CUDA_VISIBLE_DEVICES": "1", "UCX_TLS": "tcp"},
+    ]
     assert environment.by_rank(ranks) == {
         "variables": ranks[0],
         "ranks_differing": {"2": {"CUDA_VISIBLE_DEVICES": "1", "NCCL_DEBUG": None, "UCX_TLS": "tcp"}},
@@ -94,8 +117,9 @@ def test_torchruns_own_one_thread_is_not_the_users() -> None:
 
 def test_trace_with_a_users_horovod_timeline_is_refused() -> None:
     with pytest.raises(InputError, match="unset HOROVOD_TIMELINE or leave out --trace"):
-        environment.adopt_for_run(RunConfig(trace=True), HorovodConfig(), set(), {"HOROVOD_TIMELINE": "/t.json"},
-                                  "horovodrun", 2)  # fmt: skip
+        environment.adopt_for_run(
+            RunConfig(trace=True), HorovodConfig(), set(), {"HOROVOD_TIMELINE": "/t.json"}, "horovodrun", 2
+        )
 
 
 def test_the_parser_knows_which_options_were_given_even_abbreviated() -> None:
@@ -110,8 +134,9 @@ def cfg() -> RunConfig:
 
 
 def test_compare_takes_the_users_threads_for_every_job_and_says_so() -> None:
-    jobs = variants.jobs_for(cfg(), [BY_NAME["ddp@torchrun"], BY_NAME["single"]], [2], None, {},
-                             env={"OMP_NUM_THREADS": "3"})  # fmt: skip
+    jobs = variants.jobs_for(
+        cfg(), [BY_NAME["ddp@torchrun"], BY_NAME["single"]], [2], None, {}, env={"OMP_NUM_THREADS": "3"}
+    )
     assert {j.threads for j in jobs} == {3}
     assert jobs[0].notes == ("distbench: OMP_NUM_THREADS=3 from the environment sets --threads 3 (docs/fairness.md)",)
     with pytest.raises(InputError, match="OMP_NUM_THREADS=3 in the environment and --threads 2 disagree"):
@@ -180,10 +205,22 @@ def test_check_accepts_run_json_without_them_and_catches_a_malformed_one() -> No
 def test_the_report_lists_the_variables_and_placement_that_differ(tmp_path) -> None:
     one_rank = [[1.0, 0.1, 0.1]]
     free = {"policy": "none", "per_rank": [{"rank": 0, "cpus": "0-1", "cpu_count": 2}]}
-    make_run(tmp_path, "ddp-r0", "ddp", one_rank, wall=1.0, meta={
-        "placement": free, "environment": {"variables": {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "1"}}})  # fmt: skip
-    make_run(tmp_path, "horovod-r0", "horovod", one_rank, wall=1.0, meta={
-        "placement": {**free, "policy": "cores"}, "environment": {"variables": {"OMP_NUM_THREADS": "1"}}})  # fmt: skip
+    make_run(
+        tmp_path,
+        "ddp-r0",
+        "ddp",
+        one_rank,
+        wall=1.0,
+        meta={"placement": free, "environment": {"variables": {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "1"}}},
+    )
+    make_run(
+        tmp_path,
+        "horovod-r0",
+        "horovod",
+        one_rank,
+        wall=1.0,
+        meta={"placement": {**free, "policy": "cores"}, "environment": {"variables": {"OMP_NUM_THREADS": "1"}}},
+    )
     rs = load.load_runs(tmp_path)
     differing = context.differing_options(rs).set_index("option")
     assert differing.loc["environment NCCL_DEBUG"].tolist() == ["INFO", "—"]

@@ -19,12 +19,25 @@ def run(variant: str, world: int, val_s: float, strategy: str = "exact", n: int 
     """A per_run_stats row as a schema-4 run gives it."""
     most = {"exact": -(-n // world), "sampler": -(-n // world), "replicated": n, "rank0": n}[strategy]
     samples = {"exact": n, "sampler": -(-n // world) * world, "replicated": world * n, "rank0": n}[strategy]
-    return {"run_key": f"{variant}-{strategy}-w{world}-{val_s}", "variant": load.with_strategy(variant, strategy),
-            "backend": variant.split("@")[0], "workload": "linear", "world_size": world, "status": "completed",
-            "val_strategy": strategy, "eval_only": False, "val_s": val_s, "val_samples_per_s": n / val_s,
-            "val_samples": samples, "val_duplicates": samples - n, "val_most_on_a_rank": most,
-            "final_val_loss": 1.0 + (0.01 if strategy == "sampler" else 0.0), "final_val_exact_loss": 1.0,
-            "oversubscribed": False, **extra}  # fmt: skip
+    return {
+        "run_key": f"{variant}-{strategy}-w{world}-{val_s}",
+        "variant": load.with_strategy(variant, strategy),
+        "backend": variant.split("@")[0],
+        "workload": "linear",
+        "world_size": world,
+        "status": "completed",
+        "val_strategy": strategy,
+        "eval_only": False,
+        "val_s": val_s,
+        "val_samples_per_s": n / val_s,
+        "val_samples": samples,
+        "val_duplicates": samples - n,
+        "val_most_on_a_rank": most,
+        "final_val_loss": 1.0 + (0.01 if strategy == "sampler" else 0.0),
+        "final_val_exact_loss": 1.0,
+        "oversubscribed": False,
+        **extra,
+    }
 
 
 def test_speedup_bound_duplicates_and_loss_difference_per_strategy() -> None:
@@ -34,16 +47,21 @@ def test_speedup_bound_duplicates_and_loss_difference_per_strategy() -> None:
         rows += [run("ddp@torchrun", 3, time * f, strategy) for f in (1.0, 1.05, 0.95)]
     table = evaluation.validation_table(pd.DataFrame(rows)).set_index(["val_strategy", "world_size"])
     three = table.xs(3, level="world_size")
-    assert three.speedup_bound.to_dict() == pytest.approx({"exact": 1000 / 334, "sampler": 1000 / 334,
-                                                           "replicated": 1.0, "rank0": 1.0})  # fmt: skip
+    assert three.speedup_bound.to_dict() == pytest.approx(
+        {"exact": 1000 / 334, "sampler": 1000 / 334, "replicated": 1.0, "rank0": 1.0}
+    )
     assert three.val_duplicates.to_dict() == {"exact": 0, "sampler": 2, "replicated": 2000, "rank0": 0}
     assert three.loss_difference.to_dict() == pytest.approx({"exact": 0, "sampler": 0.01, "replicated": 0, "rank0": 0})
     assert three.loc["exact", "speedup"] == pytest.approx(2.0, rel=0.05) and three.loc["exact", "speedup_low"] > 1
     assert three.loc["replicated", "speedup_low"] < 1 < three.loc["replicated", "speedup_high"]
     # Every strategy's base is the variant's 1-rank exact runs: at one rank each evaluates the set once.
     other = "its 1-rank runs of another strategy"
-    assert three.speedup_base.to_dict() == {"exact": "its own 1-rank runs", "sampler": other, "replicated": other,
-                                            "rank0": other}  # fmt: skip
+    assert three.speedup_base.to_dict() == {
+        "exact": "its own 1-rank runs",
+        "sampler": other,
+        "replicated": other,
+        "rank0": other,
+    }
     assert table.loc[("exact", 1), "note"] == "the base"
     assert three.efficiency.to_dict() == pytest.approx((three.speedup / 3).to_dict())
 
@@ -58,8 +76,11 @@ def test_no_base_and_too_few_runs_say_so() -> None:
 
 
 def test_eval_scaling_joins_the_scaling_table() -> None:
-    rows = [{**run("ddp@torchrun", w, 1.0 / w * f), "samples_per_s": 100.0 * w * f, "global_batch": 32 * w}
-            for w in (1, 2) for f in (1.0, 1.02, 0.98)]  # fmt: skip
+    rows = [
+        {**run("ddp@torchrun", w, 1.0 / w * f), "samples_per_s": 100.0 * w * f, "global_batch": 32 * w}
+        for w in (1, 2)
+        for f in (1.0, 1.02, 0.98)
+    ]
     per_run = pd.DataFrame(rows)
     joined = evaluation.eval_scaling(tables.scaling(per_run), per_run).set_index("world_size")
     assert joined.loc[2, "efficiency"] == pytest.approx(1.0, rel=0.05)
@@ -67,14 +88,42 @@ def test_eval_scaling_joins_the_scaling_table() -> None:
 
 
 def _eval_run(root: Path, name: str, world: int, val_s: list[float]) -> None:
-    meta = {"run_id": name, "backend": "ddp", "launcher": "torchrun", "world_size": world, "workload": "linear",
-            "global_batch": 32 * world, "eval_only": {"train_steps": 0, "repeats": len(val_s)},
-            "validation": {"strategy": "exact", "samples": 100, "duplicates": 0,
-                           "per_rank": [{"rank": r, "samples": 100 // world} for r in range(world)]}}  # fmt: skip
+    meta = {
+        "run_id": name,
+        "backend": "ddp",
+        "launcher": "torchrun",
+        "world_size": world,
+        "workload": "linear",
+        "global_batch": 32 * world,
+        "eval_only": {"train_steps": 0, "repeats": len(val_s)},
+        "validation": {
+            "strategy": "exact",
+            "samples": 100,
+            "duplicates": 0,
+            "per_rank": [{"rank": r, "samples": 100 // world} for r in range(world)],
+        },
+    }
     rec = results.Recorder(root / name, meta)
-    rec.loss([{"run_id": name, "backend": "ddp", "world_size": world, "epoch": 0, "step": 0, "split": "val",
-               "loss": 1.0, "accuracy": None, "samples": 100, "val_pass": i + 1, "val_s": t,
-               "val_samples_per_s": 100 / t, "val_exact_loss": 1.0} for i, t in enumerate(val_s)])  # fmt: skip
+    rec.loss(
+        [
+            {
+                "run_id": name,
+                "backend": "ddp",
+                "world_size": world,
+                "epoch": 0,
+                "step": 0,
+                "split": "val",
+                "loss": 1.0,
+                "accuracy": None,
+                "samples": 100,
+                "val_pass": i + 1,
+                "val_s": t,
+                "val_samples_per_s": 100 / t,
+                "val_exact_loss": 1.0,
+            }
+            for i, t in enumerate(val_s)
+        ]
+    )
     rec.summary(0.0)
     rec.finish("completed", timed_wall_s=0.0)
 

@@ -69,15 +69,33 @@ def test_ranks_with_different_data_are_bad_input_naming_the_seed_argument() -> N
     assert "build the data from the factory's `seed` argument" in said
 
 
-PRINT = {"train": {"sha256": "t0", "items": "all"}, "val": {"sha256": "v0", "items": "all"},
-         "initial_weights": "w0", "initial_weights_agree": True}  # fmt: skip
+PRINT = {
+    "train": {"sha256": "t0", "items": "all"},
+    "val": {"sha256": "v0", "items": "all"},
+    "initial_weights": "w0",
+    "initial_weights_agree": True,
+}
 
 
 def _pair(tmp_path, ddp_print: dict, buffers: int, val: tuple[float, float] = (0.7, 0.7)) -> tables.Agreement:
-    make_run(tmp_path, "ddp-r0", "ddp", ONE_RANK, wall=1.0, val=[val[0]],
-             meta={**DDP, "fingerprint": ddp_print, "model_float_buffers": buffers})  # fmt: skip
-    make_run(tmp_path, "horovod-r0", "horovod", ONE_RANK, wall=1.0, val=[val[1]],
-             meta={**HOROVOD, "fingerprint": PRINT, "model_float_buffers": buffers})  # fmt: skip
+    make_run(
+        tmp_path,
+        "ddp-r0",
+        "ddp",
+        ONE_RANK,
+        wall=1.0,
+        val=[val[0]],
+        meta={**DDP, "fingerprint": ddp_print, "model_float_buffers": buffers},
+    )
+    make_run(
+        tmp_path,
+        "horovod-r0",
+        "horovod",
+        ONE_RANK,
+        wall=1.0,
+        val=[val[1]],
+        meta={**HOROVOD, "fingerprint": PRINT, "model_float_buffers": buffers},
+    )
     return tables.loss_agreement(load.load_runs(tmp_path))
 
 

@@ -31,8 +31,16 @@ CURVES = {  # name: the run's options at 2 ranks (single gets the same global ba
     "sgd": {**MLP, "batch_size": 8},
     "adamw-accumulate": {**MLP, "batch_size": 4, "accumulate": 2, "optimizer": "adamw", "lr": 0.01},
 }
-CNN = {"workload": "cnn", "epochs": 1, "steps_per_epoch": 3, "batch_size": 8, "train_size": 128, "val_size": 50,
-       "warmup_steps": 1, "compute_baseline_steps": 0}  # fmt: skip
+CNN = {
+    "workload": "cnn",
+    "epochs": 1,
+    "steps_per_epoch": 3,
+    "batch_size": 8,
+    "train_size": 128,
+    "val_size": 50,
+    "warmup_steps": 1,
+    "compute_baseline_steps": 0,
+}
 BASELINE_STEPS = 3
 
 
@@ -120,8 +128,15 @@ class Probe(Trainer):
 
 def _ranks(rank: int, world: int, port: int, out: Path) -> None:
     torch.set_num_threads(1)
-    info = LaunchInfo(launcher=TORCHRUN, rank=rank, local_rank=rank, world_size=world, local_world_size=world,
-                      master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    info = LaunchInfo(
+        launcher=TORCHRUN,
+        rank=rank,
+        local_rank=rank,
+        world_size=world,
+        local_world_size=world,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
     fsdp = FSDPBackend(RunConfig(timeout=60), FSDPConfig(), info)
     fsdp.init()
     # DDP on the same default group (a second process group cannot be initialised in one process).

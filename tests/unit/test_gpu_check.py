@@ -51,8 +51,11 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2_before_installing(tmp_p
 def test_make_gpu_check_exits_2_with_that_line() -> None:
     done = subprocess.run(
         ["make", "-s", "--no-print-directory", "gpu-check", f"GPU_PYTHON={sys.executable}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=100,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert done.returncode == 2 and done.stdout == ""
     # make adds its own "*** [gpu-check] Error 2" after the script's line.
     assert done.stderr.splitlines()[0].startswith("distbench: error: gpu-check needs a CUDA GPU")

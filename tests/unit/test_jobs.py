@@ -95,8 +95,11 @@ def test_the_handlers_are_put_back(tmp_path) -> None:
 
 
 def test_an_interrupted_run_is_recorded_failed_and_a_completed_one_kept(tmp_path) -> None:
-    for name, status, error in (("running", "running", None), ("lost", "failed", "another rank died"),
-                                ("done", "completed", None)):  # fmt: skip
+    for name, status, error in (
+        ("running", "running", None),
+        ("lost", "failed", "another rank died"),
+        ("done", "completed", None),
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "run.json").write_text(json.dumps({"status": status, "error": error}))
     assert jobs.record_interrupted(tmp_path / "running", "SIGINT", "distbench compare")

@@ -91,11 +91,23 @@ def test_on_cuda_the_peaks_come_from_a_reset_when_the_meter_starts(monkeypatch) 
 
 META = {"run_id": "r", "backend": "ddp", "world_size": 2, "workload": "mlp", "global_batch": 64}
 RANKS = [
-    {"rss_before_model_mb": 200.0, "peak_rss_mb": 520.0, "training_rss_mb": 320.0, "peak_rss_from": "model_build",
-     "cuda_max_allocated_mb": None, "cuda_max_reserved_mb": None},
-    {"rss_before_model_mb": 190.0, "peak_rss_mb": 500.0, "training_rss_mb": 310.0, "peak_rss_from": "model_build",
-     "cuda_max_allocated_mb": None, "cuda_max_reserved_mb": None},
-]  # fmt: skip
+    {
+        "rss_before_model_mb": 200.0,
+        "peak_rss_mb": 520.0,
+        "training_rss_mb": 320.0,
+        "peak_rss_from": "model_build",
+        "cuda_max_allocated_mb": None,
+        "cuda_max_reserved_mb": None,
+    },
+    {
+        "rss_before_model_mb": 190.0,
+        "peak_rss_mb": 500.0,
+        "training_rss_mb": 310.0,
+        "peak_rss_from": "model_build",
+        "cuda_max_allocated_mb": None,
+        "cuda_max_reserved_mb": None,
+    },
+]
 
 
 def test_summary_takes_the_range_over_ranks() -> None:
@@ -117,8 +129,14 @@ def test_summary_takes_the_range_over_ranks() -> None:
 def ballast_run(tmp_path_factory) -> Path:
     """A real single-process run of the ballast workload: BALLAST_MB MiB filled in every training forward."""
     run_dir = tmp_path_factory.mktemp("ballast") / "run"
-    cfg = config(workload="tests.integration.ballast_workload:ballast", epochs=1, steps_per_epoch=6,
-                 batch_size=16, warmup_steps=1, compute_baseline_steps=2)  # fmt: skip
+    cfg = config(
+        workload="tests.integration.ballast_workload:ballast",
+        epochs=1,
+        steps_per_epoch=6,
+        batch_size=16,
+        warmup_steps=1,
+        compute_baseline_steps=2,
+    )
     fit(single_backend(cfg), cfg, run_dir)
     meta = json.loads((run_dir / results.RUN_JSON).read_text())  # what the harness adds to the Trainer's
     (run_dir / results.RUN_JSON).write_text(json.dumps({**meta, "launcher": "python"}))

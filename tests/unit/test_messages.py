@@ -38,7 +38,7 @@ def _workload(loss, outputs: int = 1) -> Workload:
             lambda out, y: F.mse_loss(out, y, reduction="none"),
             1,
             "got (2, 1); reduce over the dimensions after the first, e.g. .mean(dim=1)",
-        ),  # fmt: skip
+        ),
         (lambda out, y: F.mse_loss(out, y, reduction="none").view(2, 3, 2), 6, "e.g. .mean(dim=(1, 2))"),
         (F.mse_loss, 1, "got (); return it unreduced, e.g. F.cross_entropy"),
     ],
@@ -55,8 +55,10 @@ def test_report_and_check_name_a_missing_path_and_a_file(tmp_path, capsys) -> No
     a_file.write_text("{}")
     for command in ("report", "check"):
         assert main([command, str(missing)]) == 2
-        assert capsys.readouterr().err == (f"distbench: error: {missing} does not exist; give a run directory or a "
-                                           "compare directory (results/runs/<id>)\n")  # fmt: skip
+        assert capsys.readouterr().err == (
+            f"distbench: error: {missing} does not exist; give a run directory or a "
+            "compare directory (results/runs/<id>)\n"
+        )
         assert main([command, str(a_file)]) == 2
         said = capsys.readouterr().err
         assert f"{a_file} is a file, not a directory" in said and f"({tmp_path})" in said
@@ -75,8 +77,24 @@ def test_compare_header_says_a_custom_workload_brings_its_own_sizes() -> None:
 
 def test_the_progress_line_says_which_step_its_loss_is_of(tmp_path) -> None:
     """Losses reach rank 0 only at a flush: a loss shown between flushes is an old one, and says so."""
-    cmd = [sys.executable, "-m", "benchmarks.cli", "run", "--backend", "single", "--workload", "linear",
-           "--epochs", "1", "--flush-every", "25", "--compute-baseline-steps", "0", "--out", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.cli",
+        "run",
+        "--backend",
+        "single",
+        "--workload",
+        "linear",
+        "--epochs",
+        "1",
+        "--flush-every",
+        "25",
+        "--compute-baseline-steps",
+        "0",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if " steps, " in line]
@@ -110,8 +128,9 @@ def test_make_notebook_runs_it_from_the_root_and_writes_outside_the_tree(tmp_pat
     dry = subprocess.run(["make", "-n", "notebook", f"NOTEBOOK_OUT={out}"], capture_output=True, text=True, cwd=REPO)
     assert f"results/execute_notebook.py {out}" in dry.stdout, dry.stdout + dry.stderr
     before = sorted(p.name for p in (REPO / "results").iterdir())
-    proc = subprocess.run([sys.executable, "results/execute_notebook.py", str(out)], capture_output=True, text=True,
-                          cwd=REPO, timeout=220)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "results/execute_notebook.py", str(out)], capture_output=True, text=True, cwd=REPO, timeout=220
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == str(out), proc.stderr[-3000:]
     outputs = "".join(str(o) for cell in json.loads(out.read_text())["cells"] for o in cell.get("outputs", []))
     assert "image/png" in outputs and "samples/s" in outputs and "Traceback" not in outputs

@@ -19,8 +19,15 @@ SIMULATIONS = 1200  # a binomial standard error of about 0.6 % at 95 %
 PILOT = 3
 
 
-def _two_stage(sigmas: tuple[float, ...], ratio: float, target: float, seed: int, pooled: bool = False,
-               cap: int = 10**6, sims: int = SIMULATIONS) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def _two_stage(
+    sigmas: tuple[float, ...],
+    ratio: float,
+    target: float,
+    seed: int,
+    pooled: bool = False,
+    cap: int = 10**6,
+    sims: int = SIMULATIONS,
+) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of the first variant over the second, per simulated two-stage compare: log-normal runs, the
     first variant `ratio` times the others' throughput. `pooled`: the old plan and interval, one spread pooled
     over every variant."""
@@ -37,8 +44,10 @@ def _two_stage(sigmas: tuple[float, ...], ratio: float, target: float, seed: int
         else:
             n = intervals.planned_runs(pilots, target)
         n = [min(cap, k) for k in n]
-        runs = [np.append(p, np.exp(m + rng.normal(0, s, k - PILOT)))
-                for p, m, s, k in zip(pilots, centres, sigmas, n, strict=True)]  # fmt: skip
+        runs = [
+            np.append(p, np.exp(m + rng.normal(0, s, k - PILOT)))
+            for p, m, s, k in zip(pilots, centres, sigmas, n, strict=True)
+        ]
         if pooled:
             diff = np.log(runs[0]).mean() - np.log(runs[1]).mean()
             half = t * np.sqrt(s2 * (1 / n[0] + 1 / n[1]))
@@ -164,10 +173,15 @@ def test_a_pair_whose_plans_were_both_cut_short_takes_welch_over_all_runs_and_st
         runs = [
             np.append(p, np.exp(rng.normal(0, 0.05, min(cap, k) - PILOT))) for p, k in zip(pilots, needed, strict=True)
         ]
-        frames = [pd.DataFrame({"run_id": [f"{arm}-r{i}" for i in range(len(r))], "samples_per_s": r})
-                  for arm, r in zip(("a", "b"), runs, strict=True)]  # fmt: skip
-        plan = {"pilot": PILOT, "needed": dict(zip("ab", needed, strict=True)),
-                "ran": {a: min(cap, k) for a, k in zip("ab", needed, strict=True)}}  # fmt: skip
+        frames = [
+            pd.DataFrame({"run_id": [f"{arm}-r{i}" for i in range(len(r))], "samples_per_s": r})
+            for arm, r in zip(("a", "b"), runs, strict=True)
+        ]
+        plan = {
+            "pilot": PILOT,
+            "needed": dict(zip("ab", needed, strict=True)),
+            "ran": {a: min(cap, k) for a, k in zip("ab", needed, strict=True)},
+        }
         _, lo, hi = intervals.interval_of(frames[0], frames[1], plan)
         _, slo, shi = intervals.interval_of(frames[0], frames[1], PILOT)  # two-stage whatever the cap
         covered += lo <= 1 <= hi

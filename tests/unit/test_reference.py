@@ -32,16 +32,35 @@ def test_reference_columns_are_the_current_contract(compare_dir) -> None:
     assert runs
     for run_dir in runs:
         assert json.loads((run_dir / results.RUN_JSON).read_text())["schema_version"] == results.SCHEMA_VERSION
-        for name, columns in ((results.TIMING_CSV, results.TIMING_COLUMNS), (results.LOSS_CSV, results.LOSS_COLUMNS),
-                              (results.SUMMARY_CSV, results.SUMMARY_COLUMNS)):  # fmt: skip
+        for name, columns in (
+            (results.TIMING_CSV, results.TIMING_COLUMNS),
+            (results.LOSS_CSV, results.LOSS_COLUMNS),
+            (results.SUMMARY_CSV, results.SUMMARY_COLUMNS),
+        ):
             assert tuple(pd.read_csv(run_dir / name, nrows=0).columns) == columns, run_dir / name
         assert check.check_run(run_dir) == []
 
 
 @pytest.mark.timeout(60)
 def test_reference_run_json_has_every_key_a_run_writes_today(tmp_path) -> None:
-    argv = ["run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--steps-per-epoch", "3",
-            "--warmup-steps", "1", "--quiet", "--out", str(tmp_path), "--run-id", "fresh"]  # fmt: skip
+    argv = [
+        "run",
+        "--backend",
+        "single",
+        "--workload",
+        "linear",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "fresh",
+    ]
     assert main(argv) == 0
     fresh = json.loads((tmp_path / "fresh" / results.RUN_JSON).read_text())
     for compare_dir in COMPARES:

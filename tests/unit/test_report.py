@@ -116,8 +116,17 @@ def test_report_files_embed_their_images(tmp_path) -> None:
 def test_report_command_on_the_reference_comparison(tmp_path) -> None:
     from tests.helpers import BIN, run_ok
 
-    proc = run_ok([str(BIN / "distbench"), "report", str(REPO / "results/reference/2026-12-01-cpu-2core"),
-                   "--out", str(tmp_path), "--format", "html"])  # fmt: skip
+    proc = run_ok(
+        [
+            str(BIN / "distbench"),
+            "report",
+            str(REPO / "results/reference/2026-12-01-cpu-2core"),
+            "--out",
+            str(tmp_path),
+            "--format",
+            "html",
+        ]
+    )
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path)
     assert "samples/s" in proc.stdout and (tmp_path / "report.html").is_file()
     assert not (tmp_path / "report.md").exists()
@@ -128,8 +137,15 @@ def test_scaling_plot_ticks_are_whole_world_sizes() -> None:
 
     from benchmarks.analysis import figures
 
-    table = pd.DataFrame({"variant": ["ddp@torchrun"] * 3, "world_size": [1, 2, 4], "efficiency": [1.0, 0.9, 0.7],
-                          "samples_per_s": [100.0, 180.0, 280.0], "oversubscribed": [False, False, True]})  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "variant": ["ddp@torchrun"] * 3,
+            "world_size": [1, 2, 4],
+            "efficiency": [1.0, 0.9, 0.7],
+            "samples_per_s": [100.0, 180.0, 280.0],
+            "oversubscribed": [False, False, True],
+        }
+    )
     fig = figures.scaling_figure(table)
     for ax in fig.axes:  # throughput and efficiency
         assert list(ax.get_xticks()) == [1, 2, 4]  # matplotlib alone would tick 1.0, 1.5, 2.0, …

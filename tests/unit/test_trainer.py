@@ -165,8 +165,15 @@ class BeforeValidation(Trainer):
 def _two_ranks(rank: int, port: int, out: Path) -> None:
     """One rank of a 2-rank gloo group: the window combinations, then BatchNorm validation on cnn."""
     torch.set_num_threads(1)
-    info = LaunchInfo(launcher=TORCHRUN, rank=rank, local_rank=rank, world_size=2, local_world_size=2,
-                      master_addr="127.0.0.1", master_port=port)  # fmt: skip
+    info = LaunchInfo(
+        launcher=TORCHRUN,
+        rank=rank,
+        local_rank=rank,
+        world_size=2,
+        local_world_size=2,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
     base = RunConfig(timeout=60)
     found: dict[str, Any] = {}
     backend = DDPBackend(base, DDPConfig(), info)

@@ -19,8 +19,14 @@ POINT = {"bucket_cap_mb": 5.0}
 
 def runs(values: list[float]) -> pd.DataFrame:
     """Final runs as tune.finish has them: run ids with their repeat, throughput, an 80-step 2 s window."""
-    return pd.DataFrame({"run_id": [f"x-r{i}" for i in range(len(values))], "samples_per_s": values,
-                         "timed_steps": 80, "timed_wall_s": 2.0})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "run_id": [f"x-r{i}" for i in range(len(values))],
+            "samples_per_s": values,
+            "timed_steps": 80,
+            "timed_wall_s": 2.0,
+        }
+    )
 
 
 def test_the_constructed_intervals_are_what_they_claim() -> None:
@@ -70,8 +76,14 @@ def test_finish_holds_the_rule_on_final_runs(tmp_path: Path) -> None:
             for repeat, samples_per_s in enumerate(values):
                 run_id = f"{prefix}-r{repeat}"
                 # 3 steps of 10 samples, the first warm-up: 20 timed samples in the window.
-                make_run(tmp_path / "final", run_id, v.backend, [[0.1, 0.1, 0.1]], wall=20 / samples_per_s,
-                         meta=metas[v.name])  # fmt: skip
+                make_run(
+                    tmp_path / "final",
+                    run_id,
+                    v.backend,
+                    [[0.1, 0.1, 0.1]],
+                    wall=20 / samples_per_s,
+                    meta=metas[v.name],
+                )
                 attempts.append(compare.Attempt(v.name, v.backend, 1, 10, repeat, run_id, [], returncode=0))
     best = {v.name: POINT for v in chosen}
     tune.finish(tmp_path, attempts, jobs, best, chosen, {"margin": 0.05})

@@ -39,8 +39,12 @@ def test_each_strategy_evaluates_what_it_says(n: int, world: int) -> None:
     ]
     counts = {s: (sum(x.samples for x in mine), sum(x.duplicates for x in mine)) for s, mine in shards.items()}
     padded = math.ceil(n / world) * world
-    assert counts == {"exact": (n, 0), "sampler": (padded, padded - n), "replicated": (world * n, (world - 1) * n),
-                      "rank0": (n, 0)}  # fmt: skip
+    assert counts == {
+        "exact": (n, 0),
+        "sampler": (padded, padded - n),
+        "replicated": (world * n, (world - 1) * n),
+        "rank0": (n, 0),
+    }
     slowest = {s: max(x.samples for x in mine) for s, mine in shards.items()}  # what bounds the time
     assert slowest == {"exact": math.ceil(n / world), "sampler": math.ceil(n / world), "replicated": n, "rank0": n}
     assert validation.per_rank_counts("sampler", n, world) == [
@@ -59,8 +63,9 @@ def test_sampler_reports_the_mean_of_the_ranks_means() -> None:
 def test_one_rank_every_strategy_is_exact_and_timed(tmp_path: Path) -> None:
     found = {}
     for strategy in STRATEGIES:
-        cfg = config(workload="linear", epochs=2, steps_per_epoch=4, batch_size=8, warmup_steps=1,
-                     val_strategy=strategy)  # fmt: skip
+        cfg = config(
+            workload="linear", epochs=2, steps_per_epoch=4, batch_size=8, warmup_steps=1, val_strategy=strategy
+        )
         fit(single_backend(cfg), cfg, tmp_path / strategy)
         loss = pd.read_csv(tmp_path / strategy / results.LOSS_CSV)
         val = loss[loss.split == "val"]
@@ -133,12 +138,17 @@ def test_compare_runs_each_strategy_as_its_own_job() -> None:
     strategies = variants.parse_strategies("exact, sampler")
     jobs = variants.jobs_for(cfg, chosen, [1, 2], None, {}, None, strategies)
     assert [(j.run_prefix, j.cfg.val_strategy) for j in jobs[:4]] == [
-        ("ddp-w1-exact", "exact"), ("ddp-w1-sampler", "sampler"), ("horovod-w1-exact", "exact"),
+        ("ddp-w1-exact", "exact"),
+        ("ddp-w1-sampler", "sampler"),
+        ("horovod-w1-exact", "exact"),
         ("horovod-w1-sampler", "sampler"),
-    ]  # fmt: skip
+    ]
     assert [j.run_prefix for j in variants.jobs_for(cfg, chosen, [2], None, {})] == ["ddp", "horovod"]  # as before
-    for text, words in (("exact,shuffled", "'shuffled' is not one of"), ("exact,exact", "lists a strategy twice"),
-                        (",", "is empty")):  # fmt: skip
+    for text, words in (
+        ("exact,shuffled", "'shuffled' is not one of"),
+        ("exact,exact", "lists a strategy twice"),
+        (",", "is empty"),
+    ):
         with pytest.raises(InputError, match=words):
             variants.parse_strategies(text)
 

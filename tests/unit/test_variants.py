@@ -83,8 +83,11 @@ def _jobs(*argv: str) -> list[compare.Job]:
 def test_jobs_interleave_world_sizes_and_give_single_the_global_batch() -> None:
     weak = _jobs("--backends", "ddp,single", "--nproc", "1,2", "--batch-size", "8")
     assert [(j.variant.name, j.nproc, j.ranks, j.cfg.batch_size) for j in weak] == [
-        ("ddp@torchrun", 1, 1, 8), ("single", 1, 1, 8), ("ddp@torchrun", 2, 2, 8), ("single", 2, 1, 16)
-    ]  # fmt: skip
+        ("ddp@torchrun", 1, 1, 8),
+        ("single", 1, 1, 8),
+        ("ddp@torchrun", 2, 2, 8),
+        ("single", 2, 1, 16),
+    ]
     assert [j.run_prefix for j in weak] == ["ddp-w1", "single-w1", "ddp-w2", "single-w2"]
     strong = _jobs("--backends", "horovod@mpi,single", "--nproc", "1,4", "--global-batch", "64")
     assert [(j.nproc, j.cfg.batch_size) for j in strong] == [(1, 64), (1, 64), (4, 16), (4, 64)]

@@ -64,8 +64,15 @@ def train(cfg: RunConfig, out: Path) -> pd.DataFrame:
 def test_size_arguments_and_presets_resolve() -> None:
     parsed = catalog.parse("transformer:dim=256,layers=2,heads=8")
     assert parsed.kind == "builtin" and parsed.base == "transformer"
-    assert parsed.args == {"vocab": 512, "context": 32, "dim": 256, "layers": 2, "heads": 8, "tied": 0,
-                           "storage": "memory"}  # fmt: skip
+    assert parsed.args == {
+        "vocab": 512,
+        "context": 32,
+        "dim": 256,
+        "layers": 2,
+        "heads": 8,
+        "tied": 0,
+        "storage": "memory",
+    }
     preset = catalog.parse("gpt2-small:context=64")
     assert preset.base == "transformer" and preset.args["dim"] == 768 and preset.args["context"] == 64
     assert catalog.defaults_for("gpt2-small")["batch_size"] == 4
@@ -99,9 +106,11 @@ def test_hf_without_transformers_names_the_extra(monkeypatch) -> None:
 
 
 def test_parsing_a_bad_name_imports_no_torch() -> None:
-    code = ("import sys\nfrom benchmarks import catalog\nfrom benchmarks.run import workloads  # noqa: F401\n"
-            "try:\n    catalog.parse('transformer:heads=5')\nexcept ValueError:\n    pass\n"
-            "catalog.parse('gpt2-small')\nprint('torch' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys\nfrom benchmarks import catalog\nfrom benchmarks.run import workloads  # noqa: F401\n"
+        "try:\n    catalog.parse('transformer:heads=5')\nexcept ValueError:\n    pass\n"
+        "catalog.parse('gpt2-small')\nprint('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -223,8 +232,10 @@ def test_a_dataset_of_non_pairs_is_refused() -> None:
     from benchmarks.run.workloads.checks import check_workload
 
     good = workloads.load("linear", 0, 64, 8)
-    for item, text in ((torch.zeros(10), "train\\[0\\] is Tensor; a Dataset's item i must be the pair"),
-                       ((torch.zeros(10),), "train\\[0\\] is tuple")):  # fmt: skip
+    for item, text in (
+        (torch.zeros(10), "train\\[0\\] is Tensor; a Dataset's item i must be the pair"),
+        ((torch.zeros(10),), "train\\[0\\] is tuple"),
+    ):
         bad = workloads.Workload("bad", good.build_model, Pairs(item), good.val, good.loss)
         with pytest.raises(InputError, match=text):
             check_workload(bad, "bad")
@@ -259,8 +270,17 @@ def test_hf_models_build_offline_and_learn(tmp_path, name: str, objective: str) 
     model = workload.build_model()
     assert sum(p.numel() for p in model.parameters()) < 300_000
     assert not [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
-    cfg = config(workload=name, train_size=64, val_size=16, epochs=1, steps_per_epoch=8, batch_size=8, lr=0.01,
-                 warmup_steps=1, optimizer="adamw")  # fmt: skip
+    cfg = config(
+        workload=name,
+        train_size=64,
+        val_size=16,
+        epochs=1,
+        steps_per_epoch=8,
+        batch_size=8,
+        lr=0.01,
+        warmup_steps=1,
+        optimizer="adamw",
+    )
     frame = train(cfg, tmp_path)
     losses = (frame["loss_sum"] / frame["samples"]).tolist()
     assert losses[-1] < losses[0]

@@ -42,8 +42,10 @@ def _config(name: str, overrides: dict[str, Any]) -> Any:
     transformers.logging.set_verbosity_error()
     cls = getattr(transformers, name, None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PretrainedConfig)):
-        raise ValueError(f"transformers has no configuration class '{name}'; use hf:gpt2, hf:bert-base-uncased "
-                         "or hf:CONFIG_CLASS (e.g. hf:GPT2Config:n_layer=2)")  # fmt: skip
+        raise ValueError(
+            f"transformers has no configuration class '{name}'; use hf:gpt2, hf:bert-base-uncased "
+            "or hf:CONFIG_CLASS (e.g. hf:GPT2Config:n_layer=2)"
+        )
     fields = cls().to_dict()
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
@@ -86,6 +88,11 @@ def build(seed: int, train_size: int | None, val_size: int | None, config: str, 
         val=(x[n_train:], y[n_train:]),
         loss=token_loss,
         correct=token_correct,
-        args={"config": config, "model_type": kind, "objective": "masked" if masked else "causal",
-              "context": context, **overrides},
-    )  # fmt: skip
+        args={
+            "config": config,
+            "model_type": kind,
+            "objective": "masked" if masked else "causal",
+            "context": context,
+            **overrides,
+        },
+    )
