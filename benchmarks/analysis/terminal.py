@@ -23,6 +23,34 @@ def interval(value: float, lo: float, hi: float, spec: str, base: bool = False) 
     return f"{value:{spec}} ({lo:{spec}}–{hi:{spec}})"
 
 
+AUTOTUNED = "autotune:"
+"""How tuned.csv's `best` starts on an autotune row (tune.autotune_row)."""
+
+
+def format_tuned(table: pd.DataFrame) -> str:
+    """tune's tuned.csv for a terminal: a line per setting tried (its gain over the default with the keep
+    rule's interval, what was kept), then each variant's reason and what Horovod's autotuner settled on,
+    on lines of their own (an autotuned run's settings are longer than a table's column)."""
+    autotuned = table.best.astype(str).str.startswith(AUTOTUNED)
+    slim = pd.DataFrame(
+        {
+            "variant": table.variant,
+            "tried": table.best.where(~autotuned, "autotune"),
+            "gain (95% CI)": [
+                "-" if pd.isna(lo) else interval(gain, lo, hi, ".2f")
+                for gain, lo, hi in zip(table.gain, table.gain_low, table.gain_high, strict=True)
+            ],
+            "kept": table.kept,
+        }
+    )
+    lines = [slim.to_string(index=False)]
+    lines += [f"  {variant}: {why}" for variant, why in dict.fromkeys(zip(table.variant, table.why, strict=True))]
+    for variant, best in zip(table.variant[autotuned], table.best[autotuned], strict=True):
+        settled = best.removeprefix(AUTOTUNED).strip().split(" | ")
+        lines += [f"  {variant} autotune settled on: {one}" for one in settled]
+    return "\n".join(lines)
+
+
 def memory_range(row: dict) -> str:
     """Peak memory per rank, smallest–largest rank, in MB: CUDA's allocated peak on GPU, else the RSS peak."""
     for low, high in (

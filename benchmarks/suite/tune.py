@@ -387,7 +387,7 @@ def finish(
     files.write_csv(tuned_table, root / TUNED_CSV, index=False)
     how = "two-stage" if plan.get("pilot") else "Welch"
     text = f"default vs tuned (gain: {how} 95% CI on log throughput; the best is kept only when the CI is above 1):\n"
-    text += tuned_table[["variant", "best", "gain", "gain_low", "gain_high", "kept", "why"]].to_string(index=False)
+    text += terminal.format_tuned(tuned_table)
     if kept:
         at_kept = load.load_runs(*kept, include_failed=True)
         per_run = tables.per_run_stats(at_kept)
