@@ -127,7 +127,12 @@ class DDPConfig:
     bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MB", above=0)
     gradient_as_bucket_view: bool = _opt(False, "let gradients alias the DDP buckets")
     static_graph: bool = _opt(False, "tell DDP the graph is the same every step")
-    broadcast_buffers: bool = _opt(True, "broadcast buffers (BatchNorm stats) every forward; Horovod never does")
+    broadcast_buffers: bool = _opt(
+        True,
+        "broadcast rank 0's buffers (BatchNorm statistics) before every forward, as DDP does by default; Horovod and "
+        "FSDP2 never do, and what a model with BatchNorm computes then differs",
+        "on; compare and tune: off for every variant when one of them cannot (horovod, fsdp)",
+    )
     find_unused_parameters: bool = _opt(False, "search the graph for parameters that got no gradient")
 
 

@@ -30,7 +30,7 @@ from benchmarks.run.validate import validate
 from benchmarks.suite import jobs as processes
 from benchmarks.suite import precision, variants
 from benchmarks.suite.options import add_arguments as add_arguments
-from benchmarks.suite.options import describe, effective_config
+from benchmarks.suite.options import describe, effective_config, equal_buffers
 from benchmarks.suite.variants import Job, jobs_for
 
 WEAK, STRONG = "weak", "strong"
@@ -339,6 +339,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
         raise InputError(f"--global-batch must be a positive integer, got {args.global_batch}")
     if args.global_batch is not None and args.batch_size is not None:
         raise InputError("--global-batch sets the per-rank batch (G ÷ ranks); give it or --batch-size, not both")
+    buffers = equal_buffers(args, chosen)
     # Each backend gets only its own knobs, so no run warns about another backend's.
     options = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
     for option in options.values():
@@ -348,7 +349,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
     jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies)
     check_jobs(jobs, options)
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
-    print(describe(cfg, preset, jobs, precision.design_words(args), args.global_batch), file=sys.stderr)
+    print(describe(cfg, preset, jobs, precision.design_words(args), args.global_batch, buffers), file=sys.stderr)
     return jobs, root, STRONG if args.global_batch else WEAK
 
 

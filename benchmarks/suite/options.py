@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+import backends
 from benchmarks import catalog, config
 from benchmarks.config import RunConfig
 from benchmarks.run import workloads
@@ -90,8 +91,9 @@ def add_variant_options(cmp: argparse.ArgumentParser, scaling: bool) -> None:
 def add_preset_defaults(cmp: argparse.ArgumentParser) -> None:
     """The preset's defaults for the run options already added, and --help texts that say so."""
     rest = {k: v for k, v in PRESET.items() if k != "workload"}
-    # None = "not given": the preset fills these only when --workload is not given either.
-    cmp.set_defaults(**dict.fromkeys(PRESET))
+    # None = "not given": the preset fills these only when --workload is not given either, and
+    # equal_buffers decides --broadcast-buffers from the variants.
+    cmp.set_defaults(**dict.fromkeys(PRESET), broadcast_buffers=None)
     run_defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     texts = {
         "workload": f"{PRESET['workload']} with {_flags(rest)}; a --workload given takes run's defaults and "
@@ -103,6 +105,28 @@ def add_preset_defaults(cmp: argparse.ArgumentParser) -> None:
         if action.dest in texts:
             field = next(f for f in dataclasses.fields(RunConfig) if f.name == action.dest)
             action.help = f"{field.metadata['help']} (default: {texts[action.dest]})".replace("%", "%%")
+
+
+def equal_buffers(args: argparse.Namespace, chosen: list[variants.Variant]) -> str | None:
+    """compare's and tune's buffer rule (docs/fairness.md): DDP's broadcast of rank 0's buffers before each
+    forward changes what a model with BatchNorm computes, unlike a speed knob, so when neither
+    --broadcast-buffers nor --no-broadcast-buffers is given it is on only if every variant can do it. Sets
+    args.broadcast_buffers; returns the start-up line when that turned DDP's default off."""
+    if args.broadcast_buffers is not None:
+        return None
+    cannot = [
+        v.given or v.name
+        for v in chosen
+        if v.backend not in backends.ONE_PROCESS
+        and "broadcast_buffers" not in {f.name for f in dataclasses.fields(backends.get(v.backend).options_type)}
+    ]
+    args.broadcast_buffers = not cannot
+    if not cannot or all(b.backend != "ddp" for b in chosen):
+        return None
+    return (
+        f"buffers: DDP's broadcast before each forward is off, as {', '.join(cannot)} cannot broadcast "
+        "buffers, so every variant trains the same model (--broadcast-buffers: DDP's default)"
+    )
 
 
 def _run_default_text(name: str, default: Any) -> str:
@@ -121,9 +145,16 @@ def effective_config(args: argparse.Namespace) -> tuple[RunConfig, bool]:
     return workloads.resolve(cfg), preset
 
 
-def describe(cfg: RunConfig, preset: bool, jobs: list[Job], design: str, global_batch: int | None = None) -> str:
+def describe(
+    cfg: RunConfig,
+    preset: bool,
+    jobs: list[Job],
+    design: str,
+    global_batch: int | None = None,
+    buffers: str | None = None,
+) -> str:
     """The start-up lines: what will run, with every option that matters spelt out (each variant's own
-    backend options that differ from their defaults included)."""
+    backend options that differ from their defaults included, and `buffers`, equal_buffers' line)."""
     chosen = list(dict.fromkeys(j.variant for j in jobs))
     sizes = list(dict.fromkeys(j.nproc for j in jobs))
     names = ", ".join(f"{v.given or v.name} ({v.launch_words()})" for v in chosen)
@@ -170,5 +201,6 @@ def describe(cfg: RunConfig, preset: bool, jobs: list[Job], design: str, global_
         f"{batch}, --lr {cfg.lr}, --train-size {train}, --val-size {val}"
         + (f"; also {' '.join(others)}" if others else "")
         + "".join(f"\n  {name} only: {' '.join(argv)}" for name, argv in knobs.items() if argv)
+        + (f"\n  {buffers}" if buffers else "")
         + "".join(f"\n  {note}" for note in dict.fromkeys(n for j in jobs for n in j.notes))
     )

@@ -153,6 +153,7 @@ def command(args: argparse.Namespace) -> int:
                 f"--tune-steps {args.tune_steps} leaves no timed step after --warmup-steps "
                 f"{cfg.warmup_steps}; raise --tune-steps"
             )
+        buffers = options.equal_buffers(args, chosen)
         own = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
         autotune = autotuning.plan_for(args, chosen)  # --autotune: a setting of its own, never in the sweep or default
         own = {b: dataclasses.replace(o, autotune=False) if b == "horovod" else o for b, o in own.items()}
@@ -179,6 +180,8 @@ def command(args: argparse.Namespace) -> int:
         f"then default and best with {args.repeats} repeats each; {nproc[0]} ranks",
         file=sys.stderr,
     )
+    if buffers:
+        print(f"distbench tune: {buffers}", file=sys.stderr)
     if autotuned:
         print(
             f"distbench tune: autotune beside them, its warm-up lengthened by {autotune.steps} steps for Horovod's "

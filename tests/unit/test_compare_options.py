@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from benchmarks import catalog, cli
+from benchmarks import catalog, cli, config
+from benchmarks.config import DDPConfig
 from benchmarks.suite import compare
 
 
@@ -79,3 +80,30 @@ def test_the_parser_and_compare_import_no_analysis_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("given", "backends", "ddp_broadcasts", "said"),
+    [
+        ((), "ddp,horovod@gloo", False, True),  # Horovod cannot broadcast buffers: DDP's broadcast is turned off
+        ((), "ddp,fsdp", False, True),
+        ((), "ddp@torchrun,ddp@mpirun,single", True, False),  # every variant can: DDP's default stays
+        (("--broadcast-buffers",), "ddp,horovod@gloo", True, False),  # given: honoured, the agreement names it
+        (("--no-broadcast-buffers",), "ddp,ddp@mpirun", False, False),
+    ],
+)
+def test_compare_makes_buffer_broadcast_equal_unless_it_is_given(given, backends, ddp_broadcasts, said, capsys):
+    args = cli.build_parser().parse_args(["compare", "--backends", backends, *given])
+    chosen = compare.variants.parse(args.backends)
+    line = compare.equal_buffers(args, chosen)
+    assert args.broadcast_buffers is ddp_broadcasts
+    assert (line is not None) is said
+    if said:
+        assert "--broadcast-buffers" in line and ("horovod@gloo" in line or "fsdp" in line)
+    knobs = config.to_argv(config.from_namespace(DDPConfig, args))
+    assert ("--no-broadcast-buffers" in knobs) is (not ddp_broadcasts)
+
+
+def test_run_keeps_ddp_buffer_broadcast_on_by_default() -> None:
+    args = cli.build_parser().parse_args(["run", "--backend", "ddp"])
+    assert args.broadcast_buffers is True
