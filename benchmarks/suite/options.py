@@ -115,7 +115,7 @@ def equal_buffers(args: argparse.Namespace, chosen: list[variants.Variant]) -> s
     if args.broadcast_buffers is not None:
         return None
     cannot = [
-        v.given or v.name
+        v.name
         for v in chosen
         if v.backend not in backends.ONE_PROCESS
         and "broadcast_buffers" not in {f.name for f in dataclasses.fields(backends.get(v.backend).options_type)}
@@ -123,9 +123,10 @@ def equal_buffers(args: argparse.Namespace, chosen: list[variants.Variant]) -> s
     args.broadcast_buffers = not cannot
     if not cannot or all(b.backend != "ddp" for b in chosen):
         return None
+    names = cannot[0] if len(cannot) == 1 else f"{', '.join(cannot[:-1])} and {cannot[-1]}"
     return (
-        f"buffers: DDP's broadcast before each forward is off, as {', '.join(cannot)} cannot broadcast "
-        "buffers, so every variant trains the same model (--broadcast-buffers: DDP's default)"
+        f"buffers: DDP's broadcast before each forward is off, as {names} cannot broadcast buffers, so every "
+        "variant trains the same model (--broadcast-buffers: DDP's default)"
     )
 
 

@@ -116,6 +116,9 @@ def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None
     assert {meta_of(tmp_path / "cmp" / r)["launcher"] for r in comparison.run_id} == {"mpirun"}
     assert comparison.command.str.startswith("mpirun -np 2").all()
     assert meta_of(tmp_path / "cmp" / "ddp-r0")["config"]["steps_per_epoch"] == 6  # options pass through
+    # Horovod cannot broadcast buffers, so compare turns DDP's broadcast off and says so.
+    assert meta_of(tmp_path / "cmp" / "ddp-r0")["knobs"]["broadcast_buffers"] is False
+    assert "buffers: DDP's broadcast before each forward is off, as horovod@mpirun cannot" in proc.stderr
     assert "samples/s" in proc.stdout
     agreement = re.search(r"difference between variants \(ddp@mpirun, horovod@mpirun\): train (\S+),", proc.stdout)
     assert agreement is not None and float(agreement.group(1)) < 1e-5, proc.stdout
