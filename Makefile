@@ -1,7 +1,7 @@
 # distbench: every target does whatever set-up is missing, and nothing more.
 #   make demo    the DDP-vs-Horovod comparison
 #   make test    the whole test suite (tests/unit, then tests/integration with real launchers)
-#   make test-fast  the in-process unit tests (under a minute)
+#   make test-fast  the in-process unit tests (under a minute; those that start processes run in make test)
 #   make lint    ruff and the import layering (lint-imports)
 #   make stress  the tests of signals, launchers and timeouts, STRESS_N times each in a row (default 10);
 #                one failure in them is a race: fix it, never retry it
@@ -43,9 +43,9 @@ demo: setup
 test: setup
 	$(VENV)/bin/pytest tests/unit tests/integration $(PYTEST_ARGS)
 
-# In-process tests only: run them after every change.
+# In-process tests only (tests/unit without those marked `processes`): run them after every change.
 test-fast: setup
-	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/unit -m 'not processes' $(PYTEST_ARGS)
 
 # Each test STRESS_N times in a row (pytest-repeat's --count); the last line counts what passed and failed.
 STRESS_N     ?= 10

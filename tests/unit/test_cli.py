@@ -205,6 +205,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_rank_side_imports_no_analysis_stack_and_bad_input_no_torch(tmp_path) -> None:
     proc = _python(f"""

@@ -205,6 +205,7 @@ def test_an_existing_compare_directory_is_refused(tmp_path, capsys) -> None:
     assert "already exists; choose another --run-id" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_the_parser_and_the_analysis_import_only_what_they_need() -> None:
     code = (
         "import sys\n"

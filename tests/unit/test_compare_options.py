@@ -72,6 +72,7 @@ def test_every_pair_is_checked_not_only_the_first(tmp_path, capsys, backends: st
     assert "'horovod' cannot run under torchrun" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_the_parser_and_compare_import_no_analysis_stack() -> None:
     # Every rank builds the parser, which imports compare: ~2 s per rank when this regresses.
     code = (

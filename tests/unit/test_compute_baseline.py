@@ -121,6 +121,7 @@ def hooked_runs(tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_the_baseline_makes_no_collective(hooked_runs) -> None:
     _, ranks = hooked_runs
@@ -131,6 +132,7 @@ def test_the_baseline_makes_no_collective(hooked_runs) -> None:
         assert all(step == [0, 0] for step in counts["baseline"]), counts["baseline"]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_a_slower_allreduce_moves_exposed_comm_not_compute(hooked_runs) -> None:
     out, _ = hooked_runs

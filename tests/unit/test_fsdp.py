@@ -191,6 +191,7 @@ def curve(run_dir: Path, split: str = "train") -> pd.Series:
     return loss[loss.split == split].set_index("step")["loss"]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(CURVES))
 def test_fsdp_trains_as_single_and_ddp(two, tmp_path, name: str) -> None:
@@ -207,6 +208,7 @@ def test_fsdp_trains_as_single_and_ddp(two, tmp_path, name: str) -> None:
     assert val == pytest.approx(curve(tmp_path / "single", "val").iloc[-1], abs=1e-5)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", options.VAL_STRATEGIES)
 def test_validation_of_the_sharded_model_under_every_strategy(two, strategy: str) -> None:
@@ -218,6 +220,7 @@ def test_validation_of_the_sharded_model_under_every_strategy(two, strategy: str
     assert fsdp[fsdp.split == "val"]["samples"].iloc[-1] == 50
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_float_buffers_are_averaged_before_validation(two) -> None:
     _, ranks = two
@@ -229,6 +232,7 @@ def test_float_buffers_are_averaged_before_validation(two) -> None:
             assert torch.allclose(value, (before[0][key] + before[1][key]) / 2, rtol=1e-6, atol=1e-7), key
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_the_compute_baseline_makes_no_collective(two) -> None:
     _, ranks = two
@@ -244,6 +248,7 @@ def largest_unit_rows(workload: str) -> int:
     return max(p[0].numel() if p.dim() else 1 for p in model_of(workload).parameters())
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 3])
 def test_each_rank_holds_a_wth_of_the_state(request, world: int) -> None:

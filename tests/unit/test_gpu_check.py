@@ -38,6 +38,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_without_cuda_it_says_so_in_one_line_and_exits_2_before_installing(tmp_path, capsys) -> None:
     out = tmp_path / "out"
@@ -47,6 +48,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2_before_installing(tmp_p
     assert not out.exists()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_make_gpu_check_exits_2_with_that_line() -> None:
     done = subprocess.run(
@@ -75,6 +77,7 @@ def test_no_bundle_and_a_bundle_of_another_tree_are_refused(tmp_path, capsys, mo
     assert not out.exists()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_the_bundle_holds_what_the_gpu_machine_lacks(tmp_path) -> None:
     """Built for real (the sdist and wheels come from the cache the recipe shares, else the registry)."""

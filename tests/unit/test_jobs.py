@@ -53,6 +53,7 @@ def _signal_soon(pid_file: Path, signum: int = signal.SIGINT) -> None:
     threading.Thread(target=fire, daemon=True).start()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("launcher_exits", [True, False], ids=["launcher-exits", "launcher-hangs"])
 def test_a_signal_stops_the_whole_tree(tmp_path, monkeypatch, capfd, launcher_exits: bool) -> None:
@@ -73,6 +74,7 @@ def test_a_signal_stops_the_whole_tree(tmp_path, monkeypatch, capfd, launcher_ex
     assert supervisor.closing_line() == f"distbench: interrupted; partial results in {tmp_path}"
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(60)
 def test_processes_a_finished_job_left_behind_are_killed(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(jobs, "LEFTOVER_S", 0.5)

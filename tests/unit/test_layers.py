@@ -24,6 +24,7 @@ def test_the_contracts_are_the_ones_pyproject_declares() -> None:
     assert tuple(declared) == CONTRACTS  # the first `name` is the distribution's
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_imports_run_one_way() -> None:
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")

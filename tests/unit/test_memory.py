@@ -60,6 +60,7 @@ def _without_reset(queue: mp.Queue) -> None:
     queue.put((early, meter.read()))
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(90)
 def test_without_a_reset_the_peak_is_the_lifetime_one_and_says_so() -> None:
     context = mp.get_context("spawn")

@@ -75,6 +75,7 @@ def test_compare_header_says_a_custom_workload_brings_its_own_sizes() -> None:
     assert "None" not in header and "the rest" not in header
 
 
+@pytest.mark.processes
 def test_the_progress_line_says_which_step_its_loss_is_of(tmp_path) -> None:
     """Losses reach rank 0 only at a flush: a loss shown between flushes is an old one, and says so."""
     cmd = [
@@ -122,6 +123,7 @@ def test_versions_name_cuda_and_nccl_on_a_gpu(monkeypatch) -> None:
     assert (found["cuda"], found["cudnn"], found["nccl"]) == ("12.4", "90100", "2.21.5")
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(240)
 def test_make_notebook_runs_it_from_the_root_and_writes_outside_the_tree(tmp_path) -> None:
     out = tmp_path / "executed.ipynb"

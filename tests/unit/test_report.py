@@ -112,6 +112,7 @@ def test_report_files_embed_their_images(tmp_path) -> None:
     assert all(f"]({p.name})" in md for p in pngs)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_report_command_on_the_reference_comparison(tmp_path) -> None:
     from tests.helpers import BIN, run_ok

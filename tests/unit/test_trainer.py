@@ -203,6 +203,7 @@ def two_rank_runs(tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
     return out, [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("warmup", "flush_every"), WINDOWS)
 def test_two_rank_window_holds_the_slowest_ranks_steps(two_rank_runs, warmup: int, flush_every: int) -> None:
@@ -220,6 +221,7 @@ def evaluate(cfg: RunConfig, state: dict[str, torch.Tensor]) -> float:
     return float(workload.loss(model(x), y).double().mean())
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sync", [False, True])
 def test_two_rank_validation_is_the_averaged_model(two_rank_runs, sync: bool) -> None:

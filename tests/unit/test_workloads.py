@@ -162,7 +162,7 @@ def test_disk_storage_reads_the_same_samples_and_writes_once(data_cache) -> None
     assert [f.stat().st_mtime_ns for f in sorted(data_cache.iterdir())] == stamps  # written once
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.processes)])  # 2: worker processes
 def test_the_loader_yields_the_planned_batches_every_epoch(workers: int) -> None:
     """Each epoch's DataLoader batches are the tensor path's train_batches, on each of 2 ranks."""
     cfg = config(workload="mlp", batch_size=8, steps_per_epoch=5, accumulate=2, workers=workers, dataloader=True)
@@ -201,6 +201,7 @@ def test_train_batches_is_the_distributed_sampler_in_full_batches() -> None:
             assert sharding.train_batches(n, batch, rank, world, 2, 4) == expected
 
 
+@pytest.mark.processes
 def test_tensor_loader_and_disk_paths_train_the_same_curve(tmp_path) -> None:
     common = {"workload": "mlp", "epochs": 2, "steps_per_epoch": 6, "batch_size": 16, "seed": 2, "warmup_steps": 1}
     curves = {}
