@@ -114,14 +114,15 @@ def equal_buffers(args: argparse.Namespace, chosen: list[variants.Variant]) -> s
     args.broadcast_buffers; returns the start-up line when that turned DDP's default off."""
     if args.broadcast_buffers is not None:
         return None
-    cannot = [
-        v.name
+    # A backend has the knob when its own options have the field (DDP's); `single` has one rank to agree with.
+    can = {
+        v.backend
         for v in chosen
-        if v.backend not in backends.ONE_PROCESS
-        and "broadcast_buffers" not in {f.name for f in dataclasses.fields(backends.get(v.backend).options_type)}
-    ]
+        if "broadcast_buffers" in {f.name for f in dataclasses.fields(backends.get(v.backend).options_type)}
+    }
+    cannot = [v.name for v in chosen if v.backend not in can | backends.ONE_PROCESS]
     args.broadcast_buffers = not cannot
-    if not cannot or all(b.backend != "ddp" for b in chosen):
+    if not cannot or not can:  # nothing to equalise, or no variant that would have broadcast
         return None
     names = cannot[0] if len(cannot) == 1 else f"{', '.join(cannot[:-1])} and {cannot[-1]}"
     return (
