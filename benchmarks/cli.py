@@ -7,6 +7,7 @@ distbench compare                                  the default DDP-vs-Horovod co
 distbench report results/runs/<compare-id>         tables, plots, report.md/html
 distbench check results/runs/*                     validate result files against the contract
 distbench allreduce --compare                      allreduce time and bandwidth by message size, per implementation
+distbench cluster up --hosts 2 --link 1gbit        emulated hosts on this machine (root); compare --cluster dbc
 """
 
 from __future__ import annotations
@@ -232,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     allreduce.add_arguments(ar)
     ar.set_defaults(func=allreduce.command)
+
+    emulate = sub.add_parser("cluster", help="emulated hosts on this machine: up, status, down, exec")
+    from benchmarks.suite import cluster  # light: neither torch nor the analysis stack
+
+    cluster.add_arguments(emulate)
+    emulate.set_defaults(func=cluster.command)
 
     doctor = sub.add_parser("doctor", help="print versions and what Horovod was built with")
     doctor.set_defaults(func=_cmd_doctor)

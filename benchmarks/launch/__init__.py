@@ -91,10 +91,11 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             master_addr=env.get("MASTER_ADDR"),
             master_port=_int(env, "MASTER_PORT", 29500),
         )
-    # horovodrun --gloo sets HOROVOD_RANK & co. horovodrun --mpi runs mpirun and sets no HOROVOD_*
-    # variable; it is told apart from a plain mpirun by the interface pins it exports to every rank. A cluster's
-    # plain mpirun may export both too: it is then recorded as horovodrun (detail mpi), which every backend that
-    # runs under mpirun accepts (`accepts`), so the guess can mislabel a run but never refuse one.
+    # horovodrun --gloo sets HOROVOD_RANK & co. horovodrun --mpi runs mpirun and sets no HOROVOD_* variable; it
+    # is told apart from a plain mpirun by the --tag-output it always passes to Open MPI, which every rank sees
+    # as OMPI_MCA_orte_tag_output. (Not by its interface pins: a plain mpirun across hosts exports those too.) A
+    # plain mpirun given --tag-output is recorded as horovodrun (detail mpi), which every backend that runs under
+    # mpirun accepts (`accepts`), so the guess can mislabel a run but never refuse one.
     if "HOROVOD_RANK" in env:
         return LaunchInfo(
             launcher=HOROVODRUN,
@@ -106,7 +107,7 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             detail="gloo",
         )
     if "OMPI_COMM_WORLD_RANK" in env:
-        via_horovodrun = "NCCL_SOCKET_IFNAME" in env and "OMPI_MCA_btl_tcp_if_include" in env
+        via_horovodrun = env.get("OMPI_MCA_orte_tag_output") == "1"
         return LaunchInfo(
             launcher=HOROVODRUN if via_horovodrun else MPIRUN,
             rank=_int(env, "OMPI_COMM_WORLD_RANK"),
@@ -174,6 +175,8 @@ class WrongLauncherError(RuntimeError):
 
 
 def default_threads(local_world_size: int) -> int:
-    """Torch threads per rank when --threads is not given: cores ÷ local ranks, at least 1, under every
-    launcher (torchrun's OMP_NUM_THREADS=1 and mpirun's nothing would otherwise differ)."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    """Torch threads per rank when --threads is not given: the CPUs this process may use ÷ local ranks, at
+    least 1 (`placement.default_threads`)."""
+    from benchmarks.launch import placement
+
+    return placement.default_threads(local_world_size)

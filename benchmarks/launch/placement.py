@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.launch import emulated
+
 NONE, CORES = "none", "cores"
 POLICIES = (NONE, CORES)
 AS_LAUNCHED = "as launched"
@@ -28,6 +30,11 @@ MPIRUN_ARGS = ("--bind-to", "none")
 """What distbench's own mpirun command lines add: the rank applies --bind itself, so mpirun must not bind
 first (Open MPI binds each rank to a core by default when ranks ≤ cores)."""
 CPUSET_FILES = ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/fs/cgroup/cpuset/cpuset.effective_cpus")
+QUOTA_FILES = (
+    ("/sys/fs/cgroup/cpu.max", True),
+    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us|/sys/fs/cgroup/cpu/cpu.cfs_period_us", False),
+)
+"""cgroup v2's one file (`quota period`), then v1's two."""
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -52,15 +59,65 @@ def cpu_list(cpus: Iterable[int]) -> str:
 
 
 def available() -> list[int]:
-    """The cores the job may use: the cgroup's cpuset where readable, else every online core."""
+    """The cores the job may use on this host: the cgroup's cpuset where readable, else every online core; on an
+    emulated host (benchmarks.launch.emulated), only that host's share of them."""
+    cpus = list(range(os.cpu_count() or 1))
     for name in CPUSET_FILES:
         try:
-            cpus = parse_cpu_list(Path(name).read_text())
+            found = parse_cpu_list(Path(name).read_text())
         except (OSError, ValueError):
             continue
-        if cpus:
-            return cpus
-    return list(range(os.cpu_count() or 1))
+        if found:
+            cpus = found
+            break
+    host = emulated.current()
+    if host is not None:
+        cpus = [c for c in cpus if c in set(parse_cpu_list(host["cpus"]))] or cpus
+    return cpus
+
+
+def cpu_quota() -> float | None:
+    """The cgroup's CPU quota in cores (cpu.max, or cfs_quota_us ÷ cfs_period_us in cgroup v1); None if unlimited."""
+    for path, split in QUOTA_FILES:
+        try:
+            text = Path(path).read_text().split() if split else [Path(p).read_text() for p in path.split("|")]
+        except OSError:
+            continue
+        try:
+            quota, period = float(text[0]), float(text[1])
+        except (ValueError, IndexError):
+            return None  # "max": no quota
+        return quota / period if quota > 0 and period > 0 else None
+    return None
+
+
+def usable_cpus() -> float:
+    """How many CPUs this process can keep busy: the cores it may run on (its affinity, within the host's
+    share), capped by the cgroup's quota."""
+    cores = len(set(affinity()) & set(available())) or len(affinity())
+    quota = cpu_quota()
+    return min(cores, quota) if quota is not None else cores
+
+
+def default_threads(local_world_size: int) -> int:
+    """Torch threads per rank when --threads is not given, under every launcher alike (torchrun's
+    OMP_NUM_THREADS=1 and mpirun's nothing would otherwise differ): a rank bound to its own cores (mpirun's
+    default, --bind cores) takes them all; an unbound one shares the host's CPUs with its local ranks. Both
+    counts come from the CPUs the process may use, never the machine's count."""
+    mine = usable_cpus()
+    host = len(available())
+    quota = cpu_quota()
+    shared = min(host, quota) if quota is not None else host
+    return max(1, int(min(mine, shared / max(1, local_world_size))))
+
+
+def oversubscribed(local_world_size: int) -> bool:
+    """More ranks on this host than the CPUs they may use, or a host whose cores another emulated host uses
+    too: such a run measures time-slicing, not scaling."""
+    host = emulated.current()
+    quota = cpu_quota()
+    cpus = min(len(available()), quota) if quota is not None else len(available())
+    return local_world_size > cpus or bool(host and host["shared_cpus"])
 
 
 def share(cpus: list[int], local_rank: int, local_world_size: int) -> list[int]:

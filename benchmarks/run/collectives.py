@@ -34,6 +34,7 @@ import numpy as np
 from benchmarks import launch
 from benchmarks.config import AllreduceConfig, format_size
 from benchmarks.errors import InputError
+from benchmarks.launch import network
 from benchmarks.run import guard
 from benchmarks.run.collective_impls import (
     EXPECTED,
@@ -290,7 +291,7 @@ def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
     try:
         impl.start()
         watchdog.beat()
-        hosts = impl.allgather({"host": socket.gethostname(), "node_rank": info.node_rank})
+        hosts = impl.allgather(network.this_host(info.node_rank))
         named = impl.name if opts.collective == "allreduce" else f"{impl.name}-{opts.collective}"
         run_id = opts.run_id or new_id(f"{named}-w{info.world_size}")
         meta.update(
@@ -316,6 +317,7 @@ def run(opts: AllreduceConfig, info: launch.LaunchInfo) -> int:
                 "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
                 "versions": environment.versions(),
                 "hosts": hosts,
+                "network": network.record(hosts),
                 "command": sys.argv,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),

@@ -34,7 +34,7 @@ from backends.base import Backend
 from benchmarks import environment, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
-from benchmarks.launch import placement
+from benchmarks.launch import emulated, network, placement
 from benchmarks.run import faults, fingerprint, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer
@@ -42,11 +42,6 @@ from benchmarks.run.trainer import Trainer
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def oversubscribed(local_world_size: int) -> bool:
-    """More ranks on this host than cores: such a run measures time-slicing, not scaling."""
-    return local_world_size > (os.cpu_count() or 1)
 
 
 def gradient_bytes(params: Sequence[torch.nn.Parameter], cfg: RunConfig, backend_name: str) -> int:
@@ -206,7 +201,7 @@ def _meta(
         "world_size": info.world_size,
         "local_world_size": info.local_world_size,
         "workload": cfg.workload,
-        "oversubscribed": oversubscribed(info.local_world_size),
+        "oversubscribed": placement.oversubscribed(info.local_world_size),
         "cpus": os.cpu_count(),
         "global_batch": cfg.batch_size * cfg.accumulate * info.world_size,
         "train_size": ready.train_size,
@@ -222,6 +217,7 @@ def _meta(
         "optimizer": {"name": cfg.optimizer, "lr": cfg.lr},  # every hyper-parameter once it is built
         "versions": environment.versions(),
         "hosts": hosts,
+        "network": network.record(hosts),
         "command": sys.argv,
         "start_time": started,
         "host": socket.gethostname(),
@@ -292,16 +288,17 @@ def run(
     _start_backend(backend, backend_name, failure, watchdog)
     try:
         run_id = backend.broadcast_object(cfg.run_id or new_run_id(backend_name, cfg.workload, info.world_size))
-        hosts = backend.all_gather_object({"host": socket.gethostname(), "node_rank": info.node_rank})
+        hosts = backend.all_gather_object(network.this_host(info.node_rank))
         ranks = backend.all_gather_object(
             {"placement": placement.of_rank(backend.device.type, backend.device.index), "environment": user_env}
         )
         fingerprint.check_data(data_print, backend.all_gather_object, cfg.workload)  # bad input: no run directory
         meta = _meta(run_id, backend_name, info, ready, options, given, ranks, hosts, adopted, threads, started)
         if info.rank == 0 and meta["oversubscribed"]:
+            shared = " (shared with another emulated host)" if (emulated.current() or {}).get("shared_cpus") else ""
             print(
-                f"distbench: warning: {info.local_world_size} ranks on {os.cpu_count()} cores: this measures "
-                "time-slicing, not scaling",
+                f"distbench: warning: {info.local_world_size} ranks on {len(placement.available())} cores{shared}: "
+                "this measures time-slicing, not scaling",
                 file=sys.stderr,
                 flush=True,
             )

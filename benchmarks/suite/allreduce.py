@@ -24,8 +24,8 @@ from benchmarks.config import DTYPES, AllreduceConfig, format_size
 from benchmarks.errors import EXIT_BAD_INPUT, InputError, bad_input, error
 from benchmarks.launch import variants as launch_variants
 from benchmarks.suite import compare as training_compare
+from benchmarks.suite import hosts
 from benchmarks.suite import jobs as processes
-from benchmarks.suite import variants
 
 # What each implementation can be started under. mpi4py needs MPI, which horovodrun gives only with --mpi.
 LAUNCHERS = {
@@ -175,7 +175,7 @@ def impl_column(name: str, device: str) -> str:
 def variant_command(name: str, nproc: int) -> list[str]:
     """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` for a --compare variant."""
     launcher, _, controller = VARIANTS[name][1].partition(" --")
-    return variants.launcher_command(launch_variants.Variant(name, VARIANTS[name][0], launcher, controller), nproc)
+    return hosts.launcher_command(launch_variants.Variant(name, VARIANTS[name][0], launcher, controller), nproc)
 
 
 def rank_argv(opts: AllreduceConfig) -> list[str]:

@@ -12,6 +12,7 @@ neither torch nor the analysis stack (pandas, scipy, matplotlib) at module level
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -27,8 +28,8 @@ import backends
 from benchmarks import config, errors, files
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
+from benchmarks.suite import cluster, hosts, precision, variants
 from benchmarks.suite import jobs as processes
-from benchmarks.suite import precision, variants
 from benchmarks.suite.options import add_arguments as add_arguments
 from benchmarks.suite.options import describe, effective_config, equal_buffers
 from benchmarks.suite.variants import Job, jobs_for
@@ -97,7 +98,8 @@ def run_jobs(
             if supervisor.interrupted:
                 return attempts
             run_id = f"{job.run_prefix}-r{repeat}"
-            cmd = job.command(root, run_id)
+            cmds = job.commands(root, run_id)
+            cmd = cmds[0]
             name = job.variant.given or job.variant.name
             if len({j.strategy for j in jobs}) > 1:
                 name += f" (val {job.strategy})"
@@ -115,15 +117,14 @@ def run_jobs(
             )
             print(
                 f"[{label} {len(attempts) + 1}/{total}] {name}{at} repeat {repeat + 1}/{repeats}: "
-                f"{' '.join(cmd[:4])} …",
+                f"{' '.join(cmd[:4]) if not job.hosts.many else job.hosts.launch_words(job.variant, job.ranks)} …",
                 file=sys.stderr,
                 flush=True,
             )
-            # The same OpenMP setting under every launcher at one world size (torchrun alone would force 1).
-            env = {**os.environ, "OMP_NUM_THREADS": str(job.threads)}
+            env = {**os.environ, **job.env()}
             t0 = time.perf_counter()
             try:
-                attempt.returncode = supervisor.run(cmd, env, root / f"{run_id}.interrupted.log")
+                attempt.returncode = supervisor.run_all(cmds, env, root / f"{run_id}.interrupted.log")
             except FileNotFoundError as exc:
                 print(f"[{label}] cannot start {name}: {exc}", file=sys.stderr)
                 attempt.returncode = 127
@@ -139,7 +140,12 @@ def run_jobs(
             elif attempt.signalled:
                 print(f"[{label}] {name}{at} repeat {repeat + 1} completed just before the interrupt", file=sys.stderr)
             elif attempt.returncode:
-                print(f"[{label}] {name}{at} repeat {repeat + 1} FAILED (exit {attempt.returncode})", file=sys.stderr)
+                lost = job.hosts.diagnose() if job.hosts.many else None
+                print(
+                    f"[{label}] {name}{at} repeat {repeat + 1} FAILED (exit {attempt.returncode})"
+                    + (f": {lost}" if lost else ""),
+                    file=sys.stderr,
+                )
             attempts.append(attempt)
     return attempts
 
@@ -326,10 +332,11 @@ def write_comparison(
     return "\n\n".join(parts) if parts else "no run completed"
 
 
-def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
+def prepare(args: argparse.Namespace, made: cluster.Cluster | None = None) -> tuple[list[Job], Path, str]:
     """Everything compare checks before it starts a process: the jobs, the compare directory, the scaling mode.
-    Raises InputError (one line) on bad input."""
+    `made` is the cluster --emulate-hosts brought up. Raises InputError (one line) on bad input."""
     cfg, preset = effective_config(args)
+    where = hosts.from_args(args, made)
     chosen = variants.parse(args.backends, args.launcher)
     sizes = variants.parse_nproc(args.nproc)
     precision.check(args, default_two_stage=True)
@@ -346,8 +353,9 @@ def prepare(args: argparse.Namespace) -> tuple[list[Job], Path, str]:
         config.check_values(option)
     knobs = {backend: config.to_argv(option) for backend, option in options.items()}
     strategies = variants.parse_strategies(cfg.val_strategy)  # a list here; each job runs one of them
-    jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies)
+    jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies, hosts=where)
     check_jobs(jobs, options)
+    where.check()
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
     print(describe(cfg, preset, jobs, precision.design_words(args), args.global_batch, buffers), file=sys.stderr)
     return jobs, root, STRONG if args.global_batch else WEAK
@@ -376,11 +384,20 @@ def command(args: argparse.Namespace) -> int:
     """`distbench compare`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
     started = time.perf_counter()
     try:
-        jobs, root, scaling = prepare(args)
+        hosts.check_emulation(args)
+        with emulated(args) as made:
+            jobs, root, scaling = prepare(args, made)
+            return compare(jobs, args, root, scaling, started, rerun_command())
     except InputError as exc:
         errors.error(str(exc))
         return errors.EXIT_BAD_INPUT
-    return compare(jobs, args, root, scaling, started, rerun_command())
+
+
+def emulated(args: argparse.Namespace) -> contextlib.AbstractContextManager[cluster.Cluster | None]:
+    """The cluster `--emulate-hosts N` asks for, up for the command and down after it (else nothing)."""
+    if args.emulate_hosts is None:
+        return contextlib.nullcontext()
+    return cluster.temporary(args.emulate_hosts, args.link or cluster.UNLIMITED)
 
 
 def rerun_command() -> str:

@@ -36,6 +36,8 @@ signal on and wait for their ranks; a rank records its run as failed first)."""
 LEFTOVER_S = 2.0
 """How long processes of a job that ended by itself may outlive its launcher before they are killed."""
 KILL_WAIT_S = 5.0
+PEER_S = 30.0
+"""How long the other processes of a job of several (torchrun on each host) may outlive one that failed."""
 POLL_S = 0.25
 STARTUP_POLLS = 40
 """Polls (10 s) during which the tree is looked at every time; then every 2 s, which costs the measured
@@ -100,6 +102,28 @@ class Tree:
         self.signal(signal.SIGKILL)
 
 
+class Forest:
+    """The trees of a job of several processes (torchrun on each host), handled as one."""
+
+    def __init__(self, trees: list[Tree]) -> None:
+        self.trees = trees
+
+    def refresh(self) -> None:
+        for tree in self.trees:
+            tree.refresh()
+
+    def alive(self) -> list[int]:
+        return [pid for tree in self.trees for pid in tree.alive()]
+
+    def signal(self, signum: int) -> None:
+        for tree in self.trees:
+            tree.signal(signum)
+
+    def kill(self) -> None:
+        for tree in self.trees:
+            tree.kill()
+
+
 class Supervisor:
     """SIGINT and SIGTERM handling for a command that runs jobs, one at a time (a context manager)."""
 
@@ -107,7 +131,7 @@ class Supervisor:
         self.root = root
         self.signum: int | None = None
         """The first stop signal received, None while none has been."""
-        self.tree: Tree | None = None
+        self.tree: Tree | Forest | None = None
         self._old: dict[int, object] = {}
         self._old_wakeup = -1
 
@@ -151,12 +175,24 @@ class Supervisor:
         The job's stderr is passed through until the interrupt; what it says after that (launchers'
         tracebacks, ranks' failure lines) goes to the file `log` instead of the terminal.
         """
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
-        assert proc.stderr is not None
-        tree = self.tree = Tree(proc)
-        copier = threading.Thread(target=self._copy, args=(proc.stderr, log), daemon=True)
-        copier.start()
+        return self.run_all([cmd], env, log)
+
+    def run_all(self, cmds: list[list[str]], env: dict[str, str], log: Path) -> int:
+        """`run` for a job of several processes started together (torchrun on each host): its exit code is the
+        first non-zero one; once one process has failed, the rest get `PEER_S` to end before they are stopped
+        (a peer waiting on a rendezvous that will never complete would wait out its own timeout)."""
+        procs = [
+            subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+            for cmd in cmds
+        ]
+        trees = [Tree(proc) for proc in procs]
+        self.tree = trees[0] if len(trees) == 1 else Forest(trees)
+        tree = self.tree
+        copiers = [threading.Thread(target=self._copy, args=(p.stderr, log), daemon=True) for p in procs]
+        for copier in copiers:
+            copier.start()
         deadline: float | None = None
+        peers_until: float | None = None
         polls = 0
         while True:
             if self.signum is not None and deadline is None:
@@ -164,20 +200,29 @@ class Supervisor:
                 tree.signal(self.signum)
                 deadline = time.monotonic() + GRACE_S
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=POLL_S)
+                next(p for p in procs if p.returncode is None).wait(timeout=POLL_S)
             polls += 1
-            if proc.returncode is not None:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
                 break
+            if peers_until is None and any(codes):
+                peers_until = time.monotonic() + PEER_S
+            if deadline is None and peers_until is not None and time.monotonic() > peers_until:
+                tree.refresh()
+                tree.signal(signal.SIGTERM)
+                deadline = time.monotonic() + GRACE_S
             if deadline is not None and time.monotonic() > deadline:
                 tree.kill()
             elif polls < STARTUP_POLLS or polls % 8 == 0:  # processes appear at start-up: look often then
                 tree.refresh()
         self._reap(tree, deadline)
         self.tree = None
-        copier.join(timeout=GRACE_S)
-        return proc.returncode
+        for copier in copiers:
+            copier.join(timeout=GRACE_S)
+        codes = [p.returncode for p in procs]
+        return next((c for c in codes if c), 0)
 
-    def _reap(self, tree: Tree, deadline: float | None) -> None:
+    def _reap(self, tree: Tree | Forest, deadline: float | None) -> None:
         """Processes of the job that outlive its launcher: given until the deadline (or `LEFTOVER_S`), then killed."""
         until = deadline if deadline is not None else time.monotonic() + LEFTOVER_S
         while tree.alive() and time.monotonic() < until:

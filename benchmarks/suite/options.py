@@ -14,7 +14,7 @@ import backends
 from benchmarks import catalog, config
 from benchmarks.config import RunConfig
 from benchmarks.run import workloads
-from benchmarks.suite import precision, variants
+from benchmarks.suite import hosts, precision, variants
 from benchmarks.suite.variants import Job
 
 # The embedded default, used only when no --workload is given: a communication-heavy model (so the
@@ -47,6 +47,7 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         "compare prints the options in effect before it starts."
     )
     add_variant_options(cmp, scaling=True)
+    hosts.add_arguments(cmp)
     add_preset_defaults(cmp)
 
 
@@ -196,6 +197,7 @@ def describe(
     plain = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in (*shown, "out", "run_id")}
     others = config.to_argv(dataclasses.replace(cfg, **plain))
     knobs = {j.variant.name: j.knobs for j in jobs}
+    placed = jobs[0].hosts
     return (
         f"distbench compare: {names}; {ranks}, {design}, "
         f"OMP_NUM_THREADS={omp}, CPU placement --bind {cfg.bind or 'none'} for every rank\n"
@@ -204,5 +206,6 @@ def describe(
         + (f"; also {' '.join(others)}" if others else "")
         + "".join(f"\n  {name} only: {' '.join(argv)}" for name, argv in knobs.items() if argv)
         + (f"\n  {buffers}" if buffers else "")
+        + (f"\n  across {placed.words()}" if placed.many else "")
         + "".join(f"\n  {note}" for note in dict.fromkeys(n for j in jobs for n in j.notes))
     )

@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
 from benchmarks.launch.variants import BY_NAME, Variant
+from benchmarks.suite.hosts import Hosts
 
 DEFAULT = "ddp@torchrun,horovod@gloo,horovod@mpi"
 DEFAULT_WITH_LAUNCHER = "ddp,horovod"
@@ -72,22 +72,6 @@ def parse(text: str | None, launcher: str | None = None) -> list[Variant]:
             raise InputError(f"variant '{full}' is listed twice in --backends; list each once")
         chosen.append(variant)
     return chosen
-
-
-def launcher_command(variant: Variant, nproc: int) -> list[str]:
-    """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` under the variant's launcher."""
-    bin_dir = Path(sys.executable).parent
-    module = [sys.executable, "-m", "benchmarks.cli"]
-    if variant.launcher == launch.PYTHON:
-        return module
-    if variant.launcher == launch.TORCHRUN:
-        return [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "benchmarks.cli"]
-    if variant.launcher == launch.HOROVODRUN:  # --mpi: horovodrun adds --allow-run-as-root and -H localhost:N
-        return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *module]
-    if variant.launcher == launch.MPIRUN:  # unbound, as under the other launchers: each rank applies --bind itself
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        return ["mpirun", "-np", str(nproc), "--oversubscribe", *placement.MPIRUN_ARGS, *root, *module]
-    raise ValueError(f"no launch command for {variant.name}")
 
 
 def parse_nproc(text: str) -> list[int]:
@@ -151,6 +135,8 @@ class Job:
     """Its runs are <run_prefix>-r<repeat>."""
     notes: tuple[str, ...] = ()
     """What the user's environment set for it (`environment_rule`), for the start-up lines."""
+    hosts: Hosts = dataclasses.field(default_factory=Hosts)
+    """Where its ranks run (this machine by default)."""
 
     @property
     def strategy(self) -> str:
@@ -161,13 +147,26 @@ class Job:
     def ranks(self) -> int:
         return 1 if self.variant.backend in backends.ONE_PROCESS else self.nproc
 
+    def env(self) -> dict[str, str]:
+        """What its processes get on top of this process's environment: the same OpenMP setting under every
+        launcher at one world size (torchrun alone would force 1), and the hosts' interface."""
+        return {"OMP_NUM_THREADS": str(self.threads), **self.hosts.env()}
+
+    def commands(self, root: Path, run_id: str) -> list[list[str]]:
+        """The command lines that start it: one here, or one per host (torchrun across hosts)."""
+        return self.hosts.commands(self.variant, self.ranks, self.run_args(root, run_id), self.env())
+
     def command(self, root: Path, run_id: str) -> list[str]:
-        """Its ranks' command line. --threads and --bind are always given, so that a rank takes them from
+        """Its one command line on this machine (`commands` for a job across hosts)."""
+        [only] = self.commands(root, run_id)
+        return only
+
+    def run_args(self, root: Path, run_id: str) -> list[str]:
+        """`run` and its options. --threads and --bind are always given, so that a rank takes them from
         here, never from OMP_NUM_THREADS (which compare sets to the same value) or from its launcher."""
         cfg = dataclasses.replace(self.cfg, threads=self.threads, bind=self.cfg.bind or placement.NONE)
         plain = config.to_argv(dataclasses.replace(cfg, out=RunConfig.out, run_id=None))
         return [
-            *launcher_command(self.variant, self.ranks),
             "run",
             "--backend",
             self.variant.backend,
@@ -209,13 +208,17 @@ def jobs_for(
     threads: int | None = None,
     strategies: list[str] | None = None,
     env: Mapping[str, str] | None = None,
+    hosts: Hosts | None = None,
 ) -> list[Job]:
     """One job per world size, variant and validation strategy (`strategies`, cfg's own by default), in the
     order they interleave. Weak scaling (no `global_batch`) keeps cfg's per-rank batch; strong gives each
     world size global_batch ÷ (ranks × accumulate) per rank. A one-process variant gets the whole global
     batch, so it trains on the samples the others do. With several strategies a run's name carries its own
     (`ddp-sampler-r0`). Threads: `threads`, else cfg's --threads, else the user's environment (`env`, this
-    process's by default; `environment_rule`), else cores ÷ ranks."""
+    process's by default; `environment_rule`), else the cores of a host ÷ its ranks. `hosts`: where the ranks
+    run (this machine by default)."""
+    hosts = hosts or Hosts()
+    hosts.check_sizes(sizes)
     batches = per_rank_batches(global_batch, sizes, cfg.accumulate) if global_batch else {}
     strategies = strategies or [cfg.val_strategy]
     threads, notes = environment_rule(cfg, threads, knobs, os.environ if env is None else env)
@@ -229,5 +232,5 @@ def jobs_for(
                 named = prefix if len(strategies) == 1 else f"{prefix}-{strategy}"
                 job_cfg = dataclasses.replace(mine, val_strategy=strategy)
                 own = knobs.get(v.backend, [])
-                jobs.append(Job(v, n, job_cfg, own, threads or launch.default_threads(n), named, notes))
+                jobs.append(Job(v, n, job_cfg, own, threads or hosts.threads(n), named, notes, hosts))
     return jobs

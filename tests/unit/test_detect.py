@@ -38,8 +38,18 @@ from benchmarks import launch
                 "OMPI_COMM_WORLD_SIZE": "2",
                 "NCCL_SOCKET_IFNAME": "lo",
                 "OMPI_MCA_btl_tcp_if_include": "lo",
+                "OMPI_MCA_orte_tag_output": "1",
             },
             launch.LaunchInfo("horovodrun", 0, 0, 2, 1, detail="mpi"),
+        ),
+        (  # a plain mpirun across hosts pins the interfaces too: still mpirun
+            {
+                "OMPI_COMM_WORLD_RANK": "0",
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "NCCL_SOCKET_IFNAME": "eth0",
+                "OMPI_MCA_btl_tcp_if_include": "eth0",
+            },
+            launch.LaunchInfo("mpirun", 0, 0, 2, 1, detail="mpi"),
         ),
         (
             {

@@ -127,7 +127,12 @@ SUB = subparsers()
 
 
 def options_of(name: str) -> dict[str, argparse.Action]:
-    return {s: a for s, a in SUB[name]._option_string_actions.items() if s not in ("-h", "--help")}
+    """A command's options, its sub-commands' included (`distbench cluster up --hosts`)."""
+    parsers = [SUB[name]]
+    for action in SUB[name]._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            parsers += list(action.choices.values())
+    return {s: a for p in parsers for s, a in p._option_string_actions.items() if s not in ("-h", "--help")}
 
 
 @pytest.mark.parametrize("table", ["option_table", "allreduce_option_table"])
@@ -236,6 +241,8 @@ def check_cli(args: list[str], full: bool) -> str | None:
         return f"unknown sub-command {args[:1]}; known: {', '.join(SUB)}"
     known = options_of(args[0])
     for token in args[1:]:
+        if token == "--":  # what follows is a command for distbench to run (`distbench cluster exec h0 -- …`)
+            break
         flag = token.split("=", 1)[0]
         if flag.startswith("--") and flag not in known:
             return f"`distbench {args[0]}` has no option {flag}"

@@ -1,0 +1,371 @@
+"""Where the ranks of a job run, and the one place that turns a variant into its launcher's command lines.
+
+- this machine (no host option): every launcher's single-node form, as before;
+- a host list (`--hosts h0:2,h1:2`, or `--hostfile` in horovodrun/mpirun's `host slots=N` form): the other
+  hosts are reached over ssh, as horovodrun and mpirun reach them;
+- emulated hosts (`--emulate-hosts N --link RATE`, or `--cluster NAME` for one `distbench cluster up` made):
+  network namespaces on this machine (benchmarks.suite.cluster), whose `ssh` stand-in reaches them.
+
+Across hosts, `--nproc` is the world size, spread evenly over the hosts in the order given; rank 0 runs on
+the first host, which writes every result file (the others need no shared disk). The launchers' forms:
+torchrun on every host (`--nnodes N --node-rank i`, its static rendezvous on the first host: c10d would
+order the nodes by name, and rank 0 could land elsewhere), `mpirun -H`, `horovodrun -H` (--gloo or --mpi)
+and, for a one-process variant, python on the first host. The network interface (`--iface`; default: the
+one of the route to the first other host) is handed to each framework its own way.
+
+Imported by the parser of every `distbench` process: no torch, no analysis stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import random
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks import launch
+from benchmarks.errors import InputError
+from benchmarks.launch import placement
+from benchmarks.launch.variants import Variant
+from benchmarks.suite import cluster as emulation
+
+SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no")
+REACH_TIMEOUT_S = 20.0
+"""How long a host may take to answer `ssh HOST true` before it is called unreachable (nothing is started)."""
+IFACE_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE")
+"""torch.distributed's Gloo, NCCL and Horovod's Gloo controller take the interface from these; mpirun from
+its --mca btl_tcp_if_include / oob_tcp_if_include and horovodrun from --network-interface."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    slots: int | None = None
+    """Ranks the host may take (None: as many as asked, e.g. an emulated host)."""
+
+
+@dataclass
+class Hosts:
+    """Where a compare's ranks run. No slots: this machine alone."""
+
+    slots: list[Slot] = field(default_factory=list)
+    iface: str | None = None
+    cluster: emulation.Cluster | None = None
+    """The emulated hosts the slots name, when they are emulated (commands then run in their namespaces)."""
+    ssh: tuple[str, ...] = SSH
+
+    @property
+    def many(self) -> bool:
+        return bool(self.slots)
+
+    def per_host(self, nproc: int) -> int:
+        return nproc // len(self.slots) if self.slots else nproc
+
+    def check_sizes(self, sizes: list[int]) -> None:
+        """Every world size spreads evenly over the hosts and fits their slots (InputError otherwise)."""
+        if not self.slots:
+            return
+        n = len(self.slots)
+        for size in sizes:
+            if size % n:
+                raise InputError(
+                    f"--nproc {size} does not spread evenly over {n} hosts (ranks per host = nproc ÷ hosts); "
+                    f"give a multiple of {n}"
+                )
+            for s in self.slots:
+                if s.slots is not None and size // n > s.slots:
+                    raise InputError(f"--nproc {size} puts {size // n} ranks on {s.name}, which has {s.slots} slots")
+
+    def threads(self, nproc: int) -> int:
+        """Threads per rank: a host's cores ÷ its ranks (the fewest of any host; remote hosts are taken to be
+        like this one)."""
+        if self.cluster is not None:
+            cores = min(len(placement.parse_cpu_list(h.cpus)) for h in self.cluster.hosts[: len(self.slots)])
+            return max(1, cores // max(1, self.per_host(nproc)))
+        return launch.default_threads(self.per_host(nproc))
+
+    def env(self) -> dict[str, str]:
+        """What every job's processes get on top of this process's environment."""
+        return dict.fromkeys(IFACE_ENV, self.iface) if self.iface else {}
+
+    def host_list(self, nproc: int) -> str:
+        return ",".join(f"{s.name}:{self.per_host(nproc)}" for s in self.slots)
+
+    def on(self, index: int, argv: list[str], env: dict[str, str]) -> list[str]:
+        """`argv` run on host `index`: in its namespace (emulated), here (this machine), or over ssh, which
+        passes no environment: `env` goes on the command line, and the working directory with it."""
+        if self.cluster is not None:
+            return self.cluster.on(self.cluster.host(self.slots[index].name), argv)
+        if not self.slots or is_local(self.slots[index].name):
+            return argv
+        assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        remote = f"cd {shlex.quote(os.getcwd())} && env {assigned} {shlex.join(argv)}"
+        return [*self.ssh, self.slots[index].name, remote]
+
+    def commands(self, variant: Variant, nproc: int, args: list[str], env: dict[str, str]) -> list[list[str]]:
+        """The command lines (one per process to start here) that run `nproc` ranks of `distbench <args>`."""
+        if not self.slots:
+            return [[*launcher_command(variant, nproc), *args]]
+        module = [sys.executable, "-m", "benchmarks.cli", *args]
+        k, n = self.per_host(nproc), len(self.slots)
+        if variant.launcher == launch.PYTHON:
+            return [self.on(0, module, env)]
+        if variant.launcher == launch.TORCHRUN:
+            port = str(random.randint(20000, 29999))
+            torchrun = [str(Path(sys.executable).parent / "torchrun"), f"--nnodes={n}", f"--nproc-per-node={k}"]
+            first = ["--master-addr", self.slots[0].name, "--master-port", port]
+            return [
+                self.on(i, [*torchrun, f"--node-rank={i}", *first, "-m", "benchmarks.cli", *args], env)
+                for i in range(n)
+            ]
+        if variant.launcher == launch.HOROVODRUN:
+            nic = ["--network-interface", self.iface] if self.iface else []
+            run = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(nproc), "-H", self.host_list(nproc)]
+            return [self.on(0, [*run, f"--{variant.controller}", *nic, *module], env)]
+        if variant.launcher == launch.MPIRUN:
+            return [self.on(0, self.mpirun(nproc, env, module), env)]
+        raise ValueError(f"no launch command for {variant.name}")
+
+    def mpirun(self, nproc: int, env: dict[str, str], module: list[str]) -> list[str]:
+        argv = ["mpirun", "-np", str(nproc), "-H", self.host_list(nproc), "--oversubscribe", *placement.MPIRUN_ARGS]
+        argv += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        if self.cluster is not None:
+            argv += ["--mca", "plm_rsh_agent", str(self.cluster.agent)]
+        if self.iface:
+            argv += ["--mca", "btl_tcp_if_include", self.iface, "--mca", "oob_tcp_if_include", self.iface]
+        for name in sorted(env):  # mpirun passes no variable to another host unless told
+            argv += ["-x", name]
+        return [*argv, *module]
+
+    def launch_words(self, variant: Variant, nproc: int) -> str:
+        """How a job across the hosts starts, for its progress line: `torchrun on h0:1,h1:1`."""
+        return f"{variant.launch_words()} on {self.host_list(nproc)}"
+
+    def words(self) -> str:
+        """The start-up line's phrase for where the ranks run."""
+        if not self.slots:
+            return "this machine"
+        where = self.cluster.describe() if self.cluster is not None else ", ".join(s.name for s in self.slots)
+        return f"hosts {where}; interface {self.iface or 'the frameworks’ own choice'}"
+
+    def check(self) -> None:
+        """Before any job: every host resolves to an address of its own and answers, each in bounded time.
+        InputError (one line naming the host) otherwise; nothing is started."""
+        if not self.slots:
+            return
+        seen: dict[str, str] = {}
+        for s in self.slots:
+            address = self.address(s.name)
+            if address in seen:
+                raise InputError(
+                    f"hosts {seen[address]} and {s.name} both resolve to {address}: ranks meant for one would "
+                    "meet on the other; name each host once, by a name that resolves to that host"
+                )
+            seen[address] = s.name
+        for s in self.slots:
+            if problem := self.unreachable(s.name):
+                raise InputError(f"host {s.name} is unreachable: {problem}; nothing was started")
+
+    def address(self, name: str) -> str:
+        if self.cluster is not None:
+            try:
+                return self.cluster.host(name).address
+            except KeyError:
+                names = ", ".join(h.name for h in self.cluster.hosts)
+                raise InputError(f"host {name} is not one of cluster {self.cluster.name}'s ({names})") from None
+        try:
+            return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+        except (OSError, IndexError) as exc:
+            raise InputError(f"host {name} does not resolve ({exc}); fix its name or /etc/hosts") from None
+
+    def unreachable(self, name: str) -> str | None:
+        """Why host `name` cannot be reached, in words; None when it answers."""
+        if self.cluster is not None:
+            host = self.cluster.host(name)
+            return None if emulation.link_state(self.cluster, host) == "up" else f"its link ({host.netns}) is down"
+        if is_local(name):
+            return None
+        try:
+            done = subprocess.run(
+                [*self.ssh, "-o", f"ConnectTimeout={int(REACH_TIMEOUT_S)}", name, "true"],
+                capture_output=True,
+                text=True,
+                timeout=REACH_TIMEOUT_S + 5,
+            )
+        except subprocess.TimeoutExpired:
+            return f"ssh {name} true did not answer in {REACH_TIMEOUT_S:.0f} s"
+        except FileNotFoundError:
+            return "ssh is not installed here"
+        said = done.stderr.strip().splitlines()
+        return None if done.returncode == 0 else f"ssh exited {done.returncode}: {said[-1] if said else 'no reason'}"
+
+    def diagnose(self) -> str | None:
+        """After a failed job: the hosts that no longer answer, in one phrase (None when all do)."""
+        lost = [f"{s.name} ({why})" for s in self.slots if (why := self.unreachable(s.name))]
+        return f"host unreachable: {', '.join(lost)}" if lost else None
+
+
+def launcher_command(variant: Variant, nproc: int) -> list[str]:
+    """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` on this machine under the variant's
+    launcher."""
+    bin_dir = Path(sys.executable).parent
+    module = [sys.executable, "-m", "benchmarks.cli"]
+    if variant.launcher == launch.PYTHON:
+        return module
+    if variant.launcher == launch.TORCHRUN:
+        return [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "benchmarks.cli"]
+    if variant.launcher == launch.HOROVODRUN:  # --mpi: horovodrun adds --allow-run-as-root and -H localhost:N
+        return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *module]
+    if variant.launcher == launch.MPIRUN:  # unbound, as under the other launchers: each rank applies --bind itself
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return ["mpirun", "-np", str(nproc), "--oversubscribe", *placement.MPIRUN_ARGS, *root, *module]
+    raise ValueError(f"no launch command for {variant.name}")
+
+
+def is_local(name: str) -> bool:
+    """Whether `name` is this machine: its hostname, localhost, or a name of one of its addresses."""
+    if name in ("localhost", socket.gethostname()):
+        return True
+    try:
+        address = socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+    except (OSError, IndexError):
+        return False
+    return ipaddress.ip_address(address).is_loopback or address in local_addresses()
+
+
+def local_addresses() -> set[str]:
+    import psutil
+
+    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
+
+
+def route_iface(name: str) -> str | None:
+    """The interface of this machine's route to host `name` (`ip route get`), None where unknown."""
+    try:
+        address = socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+        out = subprocess.run(["ip", "-o", "route", "get", address], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"\bdev (\S+)", out)
+    return match.group(1) if match else None
+
+
+def parse_hosts(text: str) -> list[Slot]:
+    """`h0:2,h1:2` (`:N` optional) → slots, each host once."""
+    slots = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        name, _, count = item.partition(":")
+        if not name or (count and not count.isdigit()) or count == "0":
+            raise InputError(f"--hosts takes HOST[:SLOTS],… e.g. h0:2,h1:2; got {item!r}")
+        slots.append(Slot(name, int(count) if count else None))
+    if not slots:
+        raise InputError("--hosts is empty; give HOST[:SLOTS],… e.g. h0:2,h1:2")
+    names = [s.name for s in slots]
+    if len(set(names)) != len(names):
+        raise InputError(f"--hosts {text} names a host twice; name each once")
+    return slots
+
+
+def parse_hostfile(path: str) -> list[Slot]:
+    """horovodrun's and mpirun's hostfile: a line per host, `HOST slots=N` (or `HOST:N`, or `HOST`); # comments."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise InputError(f"--hostfile {path}: {exc.strerror}; give a readable file of 'HOST slots=N' lines") from None
+    items = []
+    for number, line in enumerate(lines, 1):
+        words = line.split("#")[0].split()
+        if not words:
+            continue
+        match = re.fullmatch(r"slots=(\d+)", words[1]) if len(words) == 2 else None
+        if len(words) > 2 or (len(words) == 2 and not match):
+            raise InputError(f"--hostfile {path} line {number}: {line.strip()!r} is not 'HOST slots=N'")
+        items.append(f"{words[0]}:{match.group(1)}" if match else words[0])
+    if not items:
+        raise InputError(f"--hostfile {path} names no host; give a line 'HOST slots=N' per host")
+    return parse_hosts(",".join(items))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--hosts, --hostfile, --iface, --emulate-hosts, --link, --cluster."""
+    parser.add_argument(
+        "--hosts",
+        default=None,
+        help="run across these hosts, HOST[:SLOTS],… (e.g. h0:2,h1:2), reached over ssh; --nproc is then the world "
+        "size, spread evenly over them, rank 0 on the first (default: this machine alone)",
+    )
+    parser.add_argument(
+        "--hostfile", default=None, help="the hosts as a file of 'HOST slots=N' lines (horovodrun's form)"
+    )
+    parser.add_argument(
+        "--iface",
+        default=None,
+        help="the network interface between the hosts, handed to Gloo, NCCL, Horovod and Open MPI (default: the "
+        "interface of the route to the first other host; eth0 on emulated hosts)",
+    )
+    parser.add_argument(
+        "--emulate-hosts",
+        type=int,
+        default=None,
+        help="run across N emulated hosts on this machine (network namespaces, each with its share of the cores), "
+        "made for this command and removed after it; needs root (default: none)",
+    )
+    parser.add_argument(
+        "--link",
+        default=None,
+        help="with --emulate-hosts: each host's link rate, e.g. 1gbit, 10gbit, 100mbit or unlimited "
+        "(default: unlimited)",
+    )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        help="run across the emulated hosts of a cluster that 'distbench cluster up' made (default: none)",
+    )
+
+
+def given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, n, None) is not None for n in ("hosts", "hostfile", "emulate_hosts", "cluster"))
+
+
+def from_args(args: argparse.Namespace, made: emulation.Cluster | None = None) -> Hosts:
+    """The hosts the options name (this machine when none); `made` is the cluster --emulate-hosts brought up.
+    InputError on bad input."""
+    kinds = [f"--{n.replace('_', '-')}" for n in ("hosts", "hostfile", "emulate_hosts", "cluster") if getattr(args, n)]
+    if len(kinds) > 1:
+        raise InputError(f"{' and '.join(kinds)} each say where the ranks run; give one")
+    if args.link is not None and args.emulate_hosts is None:
+        raise InputError("--link is the emulated hosts' link rate; give it with --emulate-hosts N")
+    found = made
+    if args.cluster is not None:
+        found = emulation.load(args.cluster)
+        if found is None:
+            raise InputError(f"no cluster {args.cluster} is up; 'distbench cluster up --name {args.cluster}' makes one")
+    if found is not None:
+        return Hosts([Slot(h.name) for h in found.hosts], args.iface or emulation.IFACE, found)
+    if args.hosts is None and args.hostfile is None:
+        if args.iface is not None:
+            raise InputError(
+                "--iface is the interface between hosts; give it with --hosts, --hostfile or --emulate-hosts"
+            )
+        return Hosts()
+    slots = parse_hosts(args.hosts) if args.hosts is not None else parse_hostfile(args.hostfile)
+    others = [s.name for s in slots if not is_local(s.name)]
+    iface = args.iface or (route_iface(others[0]) if others else None)
+    return Hosts(slots, iface)
+
+
+def check_emulation(args: argparse.Namespace) -> None:
+    """--emulate-hosts' and --link's values, before anything is made."""
+    if args.emulate_hosts is not None:
+        if args.emulate_hosts < 1:
+            raise InputError(f"--emulate-hosts takes a positive number of hosts, got {args.emulate_hosts}")
+        emulation.parse_rate(args.link or emulation.UNLIMITED)
+        if problem := emulation.missing_rights():
+            raise InputError(problem)
