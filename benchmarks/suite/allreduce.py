@@ -63,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with the others: torch under torchrun, horovod-gloo under horovodrun --gloo, horovod-mpi under "
         "horovodrun --mpi, mpi4py under mpirun)",
     )
-    add("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2)")
+    add("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2; across hosts: all)")
     config.add_arguments(parser, AllreduceConfig)
+    hosts.add_arguments(parser)
 
 
 def validate(opts: AllreduceConfig) -> None:
@@ -120,11 +121,16 @@ def command(args: argparse.Namespace) -> int:
             )
             for name in names:
                 validate(dataclasses.replace(opts, impl=VARIANTS[name][0]))
-            root = training_compare.make_compare_dir(Path(opts.out), opts.run_id or collectives.new_id("compare"))
+            hosts.check_emulation(args)
+            with hosts.emulated(args) as made:
+                where = hosts.from_args(args, made)
+                where.check_sizes([args.nproc])
+                where.check()
+                root = training_compare.make_compare_dir(Path(opts.out), opts.run_id or collectives.new_id("compare"))
+                return run_compare(names, opts, args.nproc, root, where)
         except InputError as exc:
             error(str(exc))
             return EXIT_BAD_INPUT
-        return run_compare(names, opts, args.nproc, root)
 
     info = launch.detect()
     try:
@@ -172,10 +178,10 @@ def impl_column(name: str, device: str) -> str:
     return f"torch-{'nccl' if device == 'cuda' else 'gloo'}" if name == "torch" else name
 
 
-def variant_command(name: str, nproc: int) -> list[str]:
-    """argv prefix that starts `nproc` ranks of `python -m benchmarks.cli` for a --compare variant."""
+def variant_of(name: str) -> launch_variants.Variant:
+    """A --compare implementation as the variant its launcher starts."""
     launcher, _, controller = VARIANTS[name][1].partition(" --")
-    return hosts.launcher_command(launch_variants.Variant(name, VARIANTS[name][0], launcher, controller), nproc)
+    return launch_variants.Variant(name, VARIANTS[name][0], launcher, controller)
 
 
 def rank_argv(opts: AllreduceConfig) -> list[str]:
@@ -189,25 +195,29 @@ def rank_argv(opts: AllreduceConfig) -> list[str]:
     return argv + ["--quiet"] * opts.quiet + ["--inject-wrong-result"] * opts.inject_wrong_result
 
 
-def run_compare(names: list[str], opts: AllreduceConfig, nproc: int, root: Path) -> int:
-    """Each variant under its launcher into `root`, then the combined CSV, plot and table; 0 if all passed,
-    130 when a signal stopped it."""
+def run_compare(
+    names: list[str], opts: AllreduceConfig, nproc: int, root: Path, where: hosts.Hosts | None = None
+) -> int:
+    """Each variant under its launcher into `root` (on `where`'s hosts: this machine by default), then the
+    combined CSV, plot and table; 0 if all passed, 130 when a signal stopped it."""
     started = time.perf_counter()
-    threads = opts.threads or launch.default_threads(nproc)
+    where = where or hosts.Hosts()
+    threads = opts.threads or where.threads(nproc)
     opts = dataclasses.replace(opts, threads=threads)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # the same OpenMP setting under every launcher
+    extra = {"OMP_NUM_THREADS": str(threads), **where.env()}  # the same OpenMP setting under every launcher
+    env = {**os.environ, **extra}
     if os.geteuid() == 0:  # Open MPI refuses root unless told; horovodrun --mpi passes its own flag
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     plan = ", ".join(f"{impl_column(n, opts.device)} ({VARIANTS[n][1]})" for n in names)
     span = f"{len(opts.sizes)} sizes {format_size(opts.sizes[0])}–{format_size(opts.sizes[-1])}"
     print(
         f"distbench allreduce --compare: {opts.collective} of {plan}; {nproc} ranks, {opts.dtype}, {span}, "
-        f"OMP_NUM_THREADS={threads}",
+        f"OMP_NUM_THREADS={threads}" + (f"; across {where.words()}" if where.many else ""),
         file=sys.stderr,
         flush=True,
     )
     with processes.Supervisor(root) as supervisor:
-        failed, interrupted = run_variants(names, opts, nproc, root, env, supervisor)
+        failed, interrupted = run_variants(names, opts, nproc, root, env, supervisor, where, extra)
         from benchmarks.analysis import collectives  # pandas: only once the jobs are done
 
         try:
@@ -234,6 +244,8 @@ def run_variants(
     root: Path,
     env: dict[str, str],
     supervisor: processes.Supervisor,
+    where: hosts.Hosts,
+    extra: dict[str, str],
 ) -> tuple[list[str], str | None]:
     """Each variant's job in turn until a signal stops one; the failed run ids, and the interrupted one."""
     from benchmarks.run import recorder
@@ -243,21 +255,13 @@ def run_variants(
         if supervisor.interrupted:
             break
         run_id = impl_column(name, opts.device)
-        cmd = [
-            *variant_command(name, nproc),
-            "allreduce",
-            "--impl",
-            VARIANTS[name][0],
-            *rank_argv(opts),
-            "--out",
-            str(root),
-            "--run-id",
-            run_id,
-        ]
-        print(f"[allreduce {i}/{len(names)}] {run_id}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        args = ["allreduce", "--impl", VARIANTS[name][0], *rank_argv(opts), "--out", str(root), "--run-id", run_id]
+        cmds = where.commands(variant_of(name), nproc, args, extra)
+        shown = " ".join(cmds[0]) if not where.many else f"{where.launch_words(variant_of(name), nproc)} …"
+        print(f"[allreduce {i}/{len(names)}] {run_id}: {shown}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            code = supervisor.run(cmd, env, root / f"{run_id}.interrupted.log")
+            code = supervisor.run_all(cmds, env, root / f"{run_id}.interrupted.log")
         except FileNotFoundError as exc:
             print(f"[allreduce] cannot start {run_id}: {exc}", file=sys.stderr)
             code = 127
@@ -269,7 +273,8 @@ def run_variants(
         if supervisor.interrupted:  # the signal came as it ended: the exit code is the signal's, the sweep whole
             code = 0
         recorder.mark_abandoned(root / run_id, f"the job exited {code} before the sweep completed")
-        outcome = f"FAILED (exit {code})" if code else "ok"
+        lost = where.diagnose() if code and where.many else None
+        outcome = (f"FAILED (exit {code})" + (f": {lost}" if lost else "")) if code else "ok"
         print(f"[allreduce] {run_id}: {outcome} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         if code:
             failed.append(run_id)

@@ -389,7 +389,11 @@ def command(args: argparse.Namespace) -> int:
             removed = down(args.name)
             print(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
         else:
-            return exec_on(args.name, args.host, [a for a in args.argv if a != "--"][:None])
+            # REMAINDER takes all after the host: exec's own --name may stand before the `--`.
+            cut = args.argv.index("--") if "--" in args.argv else -1
+            head, cmd = args.argv[: max(cut, 0)], args.argv[cut + 1 :]
+            name = head[head.index("--name") + 1] if "--name" in head[:-1] else args.name
+            return exec_on(name, args.host, cmd)
     except InputError as exc:
         errors.error(str(exc))
         return errors.EXIT_BAD_INPUT

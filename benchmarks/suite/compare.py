@@ -12,7 +12,6 @@ neither torch nor the analysis stack (pandas, scipy, matplotlib) at module level
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import os
@@ -28,7 +27,7 @@ import backends
 from benchmarks import config, errors, files
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
-from benchmarks.suite import cluster, hosts, precision, variants
+from benchmarks.suite import hosts, precision, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.options import add_arguments as add_arguments
 from benchmarks.suite.options import describe, effective_config, equal_buffers
@@ -332,7 +331,7 @@ def write_comparison(
     return "\n\n".join(parts) if parts else "no run completed"
 
 
-def prepare(args: argparse.Namespace, made: cluster.Cluster | None = None) -> tuple[list[Job], Path, str]:
+def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = None) -> tuple[list[Job], Path, str]:
     """Everything compare checks before it starts a process: the jobs, the compare directory, the scaling mode.
     `made` is the cluster --emulate-hosts brought up. Raises InputError (one line) on bad input."""
     cfg, preset = effective_config(args)
@@ -385,19 +384,12 @@ def command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         hosts.check_emulation(args)
-        with emulated(args) as made:
+        with hosts.emulated(args) as made:
             jobs, root, scaling = prepare(args, made)
             return compare(jobs, args, root, scaling, started, rerun_command())
     except InputError as exc:
         errors.error(str(exc))
         return errors.EXIT_BAD_INPUT
-
-
-def emulated(args: argparse.Namespace) -> contextlib.AbstractContextManager[cluster.Cluster | None]:
-    """The cluster `--emulate-hosts N` asks for, up for the command and down after it (else nothing)."""
-    if args.emulate_hosts is None:
-        return contextlib.nullcontext()
-    return cluster.temporary(args.emulate_hosts, args.link or cluster.UNLIMITED)
 
 
 def rerun_command() -> str:

@@ -19,6 +19,7 @@ Imported by the parser of every `distbench` process: no torch, no analysis stack
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import random
@@ -369,3 +370,10 @@ def check_emulation(args: argparse.Namespace) -> None:
         emulation.parse_rate(args.link or emulation.UNLIMITED)
         if problem := emulation.missing_rights():
             raise InputError(problem)
+
+
+def emulated(args: argparse.Namespace) -> contextlib.AbstractContextManager[emulation.Cluster | None]:
+    """The cluster `--emulate-hosts N` asks for, up for the command and down after it (else nothing)."""
+    if args.emulate_hosts is None:
+        return contextlib.nullcontext()
+    return emulation.temporary(args.emulate_hosts, args.link or emulation.UNLIMITED)

@@ -26,7 +26,7 @@ import backends
 from backends import horovod_autotune
 from benchmarks import config, errors, files
 from benchmarks.errors import InputError
-from benchmarks.suite import autotuning, compare, options, precision, variants
+from benchmarks.suite import autotuning, compare, hosts, options, precision, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.autotuning import AUTOTUNE
 from benchmarks.suite.variants import Job, Variant
@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_TIME} on 2 cores."
     )
     options.add_variant_options(parser, scaling=False)
+    hosts.add_arguments(parser)
     parser.add_argument(
         "--grid",
         default=None,
@@ -129,8 +130,20 @@ def describe_point(point: dict[str, Any]) -> str:
 
 def command(args: argparse.Namespace) -> int:
     """`distbench tune`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
+    try:
+        hosts.check_emulation(args)
+        with hosts.emulated(args) as made:
+            return tune_on(args, made)
+    except InputError as exc:
+        errors.error(str(exc))
+        return errors.EXIT_BAD_INPUT
+
+
+def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> int:
+    """`command` on the hosts the options name (`made`: the cluster --emulate-hosts brought up)."""
     started = time.perf_counter()
     try:
+        where = hosts.from_args(args, made)
         cfg, _ = options.effective_config(args)
         chosen = variants.parse(args.backends, args.launcher)
         nproc = variants.parse_nproc(args.nproc)
@@ -161,13 +174,17 @@ def command(args: argparse.Namespace) -> int:
         for v in chosen:
             points[v.name] = grid_points(grid.get(v.backend, {})) if v.backend not in backends.ONE_PROCESS else []
             for i, point in enumerate(points[v.name]):
-                [job] = variants.jobs_for(sweep_cfg, [v], nproc, None, {v.backend: knob_argv(own[v.backend], point)})
+                knobs = {v.backend: knob_argv(own[v.backend], point)}
+                [job] = variants.jobs_for(sweep_cfg, [v], nproc, None, knobs, hosts=where)
                 sweep.append(dataclasses.replace(job, run_prefix=f"{v.slug}-p{i}"))
-        finals = variants.jobs_for(cfg, chosen, nproc, None, {b: config.to_argv(o) for b, o in own.items()})
+        finals = variants.jobs_for(
+            cfg, chosen, nproc, None, {b: config.to_argv(o) for b, o in own.items()}, hosts=where
+        )
         autotuned = [
             autotuning.job_for(job, autotune) for job in finals if autotune and job.variant.backend == "horovod"
         ]
         compare.check_jobs([*sweep, *finals, *autotuned])
+        where.check()
         root = compare.make_compare_dir(
             Path(cfg.out), cfg.run_id or compare.new_compare_id().replace("compare", "tune")
         )

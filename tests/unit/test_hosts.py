@@ -1,0 +1,128 @@
+"""Where the ranks run, without starting any: host lists and hostfiles, each launcher's multi-node command lines,
+the emulated cluster's pieces (rates, core shares, the ssh stand-in's arguments), threads from the CPUs a
+process may use, and compare's bad host options (one line, exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cli
+from benchmarks.errors import InputError
+from benchmarks.launch import placement
+from benchmarks.launch.variants import BY_NAME
+from benchmarks.suite import cluster, hosts
+
+
+def test_host_lists_and_hostfiles() -> None:
+    assert hosts.parse_hosts("h0:2, h1") == [hosts.Slot("h0", 2), hosts.Slot("h1", None)]
+    for bad in ("h0:0", "h0:x", ":2", "", "h0,h0"):
+        with pytest.raises(InputError):
+            hosts.parse_hosts(bad)
+
+
+def test_hostfile_in_horovodruns_form(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("# the cluster\nnode0 slots=4\nnode1:2\nnode2\n\n")
+    assert hosts.parse_hostfile(str(path)) == [hosts.Slot("node0", 4), hosts.Slot("node1", 2), hosts.Slot("node2")]
+    path.write_text("node0 slots=four\n")
+    with pytest.raises(InputError, match="line 1"):
+        hosts.parse_hostfile(str(path))
+    with pytest.raises(InputError, match="readable"):
+        hosts.parse_hostfile(str(tmp_path / "missing"))
+
+
+def test_world_sizes_spread_evenly_within_slots() -> None:
+    two = hosts.Hosts([hosts.Slot("a", 2), hosts.Slot("b", 2)], "eth0")
+    two.check_sizes([2, 4])
+    with pytest.raises(InputError, match="multiple of 2"):
+        two.check_sizes([3])
+    with pytest.raises(InputError, match="3 ranks on a, which has 2 slots"):
+        two.check_sizes([6])
+
+
+def fake_cluster() -> cluster.Cluster:
+    made = [cluster.Host(f"h{i}", f"distbench-x-h{i}", f"169.254.100.{i + 1}", str(i), False) for i in range(2)]
+    return cluster.Cluster("x", "1gbit", 10**9, made, "distbench-x-sw", "now")
+
+
+def test_each_launchers_multi_node_form() -> None:
+    where = hosts.Hosts([hosts.Slot("h0"), hosts.Slot("h1")], "eth0", fake_cluster())
+    env = {"OMP_NUM_THREADS": "1", **where.env()}
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == env["HOROVOD_GLOO_IFACE"] == "eth0"
+    per_host = where.commands(BY_NAME["ddp@torchrun"], 4, ["run"], env)
+    assert len(per_host) == 2  # torchrun on each host, in its namespace
+    for i, cmd in enumerate(per_host):
+        assert cmd[:4] == ["ip", "netns", "exec", f"distbench-x-h{i}"]
+        tail = cmd[cmd.index("sh") + 3 :]
+        assert "--nnodes=2" in tail and "--nproc-per-node=2" in tail and f"--node-rank={i}" in tail
+        assert tail[tail.index("--master-addr") + 1] == "h0"
+    [mpi] = where.commands(BY_NAME["ddp@mpirun"], 4, ["run"], env)
+    assert mpi[3] == "distbench-x-h0"  # the launcher runs on the first host
+    assert "-H" in mpi and mpi[mpi.index("-H") + 1] == "h0:2,h1:2"
+    assert mpi[mpi.index("plm_rsh_agent") + 1].endswith("/x/bin/ssh")
+    assert mpi[mpi.index("btl_tcp_if_include") + 1] == "eth0"
+    assert {mpi[i + 1] for i, a in enumerate(mpi) if a == "-x"} == set(env)
+    [hvd] = where.commands(BY_NAME["horovod@mpi"], 2, ["run"], env)
+    assert hvd[hvd.index("-H") + 1] == "h0:1,h1:1" and "--mpi" in hvd
+    assert hvd[hvd.index("--network-interface") + 1] == "eth0"
+
+
+def test_over_ssh_the_environment_and_directory_go_on_the_command_line() -> None:
+    where = hosts.Hosts([hosts.Slot("localhost"), hosts.Slot("node1.invalid")], "ib0")
+    first, second = where.commands(BY_NAME["ddp@torchrun"], 2, ["run"], {"OMP_NUM_THREADS": "3"})
+    assert first[0].endswith("torchrun")  # this machine: no ssh
+    assert second[: len(hosts.SSH)] == list(hosts.SSH) and second[len(hosts.SSH)] == "node1.invalid"
+    assert second[-1].startswith("cd ") and "env OMP_NUM_THREADS=3 " in second[-1] and "--node-rank=1" in second[-1]
+
+
+def test_rates_core_shares_and_the_ssh_stand_ins_arguments() -> None:
+    assert cluster.parse_rate("1gbit") == 10**9 and cluster.parse_rate("2.5gbit") == 25 * 10**8
+    assert cluster.parse_rate("100mbit") == 10**8 and cluster.parse_rate("unlimited") is None
+    for bad in ("1gb", "fast", "0gbit"):
+        with pytest.raises(InputError, match="--link"):
+            cluster.parse_rate(bad)
+    assert cluster.split_cores([0, 1, 2, 3], 2) == [("0-1", False), ("2-3", False)]
+    assert cluster.split_cores([0, 1], 3) == [("0", True), ("1", True), ("0", True)]  # more hosts than cores
+    c = fake_cluster()
+    # Horovod puts ssh options on both sides of the host; Open MPI passes its orted command as words.
+    host, cmd, _ = cluster.agent_argv(c, ["-o", "PasswordAuthentication=no", "h1", "-o", "ConnectTimeout=5", "date"])
+    assert host is not None and host.name == "h1" and cmd == "date"
+    host, cmd, _ = cluster.agent_argv(c, ["-x", "root@h0", "orted", "-mca", "ess", "env"])
+    assert host is not None and host.name == "h0" and cmd == "orted -mca ess env"
+    assert cluster.agent_argv(c, ["h9", "true"])[0] is None
+
+
+def test_threads_come_from_the_cpus_a_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placement, "available", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(placement, "cpu_quota", lambda: None)
+    monkeypatch.setattr(placement, "affinity", lambda: [0, 1, 2, 3])
+    assert placement.default_threads(2) == 2  # unbound: the host's cores shared by its local ranks
+    monkeypatch.setattr(placement, "affinity", lambda: [3])
+    assert placement.default_threads(1) == 1  # confined to one core (taskset, a launcher's binding)
+    monkeypatch.setattr(placement, "affinity", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(placement, "cpu_quota", lambda: 1.5)
+    assert placement.default_threads(1) == 1  # a cgroup's quota of 1.5 CPUs
+    assert placement.oversubscribed(2) is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--emulate-hosts", "0"], "--emulate-hosts takes a positive number"),
+        (["--emulate-hosts", "2", "--link", "fast"], "--link takes a rate"),
+        (["--link", "1gbit"], "give it with --emulate-hosts"),
+        (["--hosts", "a:1", "--cluster", "x"], "--hosts and --cluster each say where the ranks run"),
+        (["--iface", "eth0"], "give it with --hosts"),
+        (["--cluster", "nosuch"], "no cluster nosuch is up"),
+        (["--hosts", "localhost:1,127.0.0.1:1"], "both resolve to 127.0.0.1"),
+        (["--hosts", "localhost:1,127.0.0.2:1", "--nproc", "3"], "does not spread evenly over 2 hosts"),
+    ],
+)
+def test_bad_host_options_are_one_line_and_exit_2(argv: list[str], said: str, capsys, tmp_path) -> None:
+    code = cli.main(["compare", *argv, "--workload", "linear", "--repeats", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert said in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
