@@ -131,7 +131,7 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
             if isinstance(row.get("warning"), str) and row["warning"]:
                 warnings.append(
                     f"warning: {where}{row['backend']}: {row['warning']}: throughput this short is mostly "
-                    "noise; time more steps (--steps-per-epoch, --epochs)"
+                    "noise; time more steps (--steps-per-epoch, --epochs; --train-size where the data caps an epoch)"
                 )
             if row["runs_failed"] and isinstance(row.get("error"), str):
                 warnings.append(f"{where}{row['backend']}: {row['runs_failed']} run(s) failed: {row['error']}")

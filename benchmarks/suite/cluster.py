@@ -48,8 +48,6 @@ DEFAULT_NAME = "dbc"
 ETC_NETNS = Path("/etc/netns")
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 UNLIMITED = "unlimited"
-# ssh's options that take an argument (OpenSSH 9): the stand-in skips them to find the host.
-SSH_ARG_OPTIONS = set("BbcDEeFIiJLlmOopQRSWw")
 
 
 @dataclass
@@ -232,7 +230,9 @@ def _build(c: Cluster) -> None:
             _tc(h.netns, IFACE, c.rate_bps)
             _tc(c.switch, port, c.rate_bps)
     c.bin_dir.mkdir(parents=True, exist_ok=True)
-    agent = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m benchmarks.suite.cluster {shlex.quote(c.name)} "$@"\n'
+    agent = (
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m benchmarks.suite.ssh_standin {shlex.quote(c.name)} "$@"\n'
+    )
     files.write_text(c.agent, agent)
     c.agent.chmod(0o755)
 
@@ -303,46 +303,6 @@ def link_state(c: Cluster, host: Host) -> str:
     except (ValueError, IndexError, KeyError):
         return "down"
     return "up" if "UP" in flags and "LOWER_UP" in flags else "down"
-
-
-def agent_argv(c: Cluster, args: Sequence[str]) -> tuple[Host | None, str, str]:
-    """The ssh stand-in's arguments (`[options] HOST [options] COMMAND…`) as the host, the command (one shell
-    string, as ssh sends it) and the host name as given."""
-    rest = list(args)
-    given = ""
-    while rest:
-        arg = rest.pop(0)
-        if arg == "--":
-            continue
-        if arg.startswith("-") and len(arg) > 1:
-            if arg[-1] in SSH_ARG_OPTIONS and len(arg) == 2 and rest:
-                rest.pop(0)
-            continue
-        if not given:
-            given = arg.split("@")[-1]  # user@host
-            continue
-        rest.insert(0, arg)
-        break
-    try:
-        return c.host(given), " ".join(rest), given
-    except KeyError:
-        return None, " ".join(rest), given
-
-
-def agent(name: str, args: Sequence[str]) -> int:
-    """The `ssh` stand-in: run the command on the host, as ssh would (a shell, exit 255 when unreachable)."""
-    c = load(name)
-    if c is None:
-        print(f"ssh: cluster {name} is not up", file=sys.stderr)
-        return 255
-    host, cmd, given = agent_argv(c, args)
-    if host is None:
-        print(f"ssh: Could not resolve hostname {given}: not a host of cluster {name}", file=sys.stderr)
-        return 255
-    if link_state(c, host) != "up":
-        print(f"ssh: connect to host {given} port 22: Network is unreachable (its link is down)", file=sys.stderr)
-        return 255
-    os.execvp("ip", c.on(host, ["sh", "-c", cmd or "exec sh"]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -418,7 +378,3 @@ def exec_on(name: str | None, host_name: str, argv: list[str]) -> int:
     if not argv:
         raise InputError("give the command to run after --: distbench cluster exec h0 -- hostname")
     os.execvp("ip", found[0].on(host, argv))
-
-
-if __name__ == "__main__":
-    sys.exit(agent(sys.argv[1], sys.argv[2:]))

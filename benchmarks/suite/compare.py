@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import config, errors, files
+from benchmarks import catalog, config, errors, files
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
 from benchmarks.suite import hosts, precision, variants
@@ -353,16 +353,19 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
     knobs = {backend: config.to_argv(option) for backend, option in options.items()}
     strategies = variants.parse_strategies(cfg.val_strategy)  # a list here; each job runs one of them
     jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies, hosts=where)
-    check_jobs(jobs, options)
+    capped = check_jobs(jobs, options)
     where.check()
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
     print(describe(cfg, preset, jobs, precision.design_words(args), args.global_batch, buffers), file=sys.stderr)
+    for line in capped:
+        print(f"  {line}", file=sys.stderr)
     return jobs, root, STRONG if args.global_batch else WEAK
 
 
-def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> None:
+def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> list[str]:
     """Every job's options, and its workload at its world size, before any process starts; with each backend's
-    `options`, also whether they apply to the workload's model (FSDP2's unit policy), in one line for all."""
+    `options`, also whether they apply to the workload's model (FSDP2's unit policy), in one line for all.
+    Returns the start-up lines for what the data caps (an epoch shorter than --steps-per-epoch asks for)."""
     for job in jobs:
         validate(job.variant.backend, job.cfg)
     from benchmarks.run import fingerprint, workloads  # prepare imports torch: only past the checks that need none
@@ -370,13 +373,35 @@ def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> None:
     # Horovod's autotuner (given, or exported and adopted by the ranks) needs its search within the warm-up.
     exported = os.environ.get("HOROVOD_AUTOTUNE", "").strip() not in ("", "0")
     tuned = {id(j): "--autotune" in j.knobs or (exported and j.variant.backend == "horovod") for j in jobs}
+    capped = []
     for job in {(j.cfg.batch_size, j.ranks, tuned[id(j)]): j for j in jobs}.values():
         ready = workloads.prepare(job.cfg, job.ranks, autotune=tuned[id(job)])
+        capped += steps_capped(job, ready)
     for backend, option in (options or {}).items():  # the model is the same at every world size
         backends.get(backend).check_model(ready.workload.build_model, option)
     cfg = jobs[0].cfg
     if ready.name.kind == "custom":  # a built-in is seeded; a user's may make data at import
         fingerprint.check_fresh_process(ready.workload, cfg.workload, cfg.seed, (cfg.train_size, cfg.val_size))
+    return list(dict.fromkeys(capped))
+
+
+def steps_capped(job: Job, ready: Any) -> list[str]:
+    """The start-up line when the data gives an epoch fewer steps than --steps-per-epoch asks for, naming the
+    option that gives more: --epochs, and --train-size where the workload's data can grow."""
+    from benchmarks.run.workloads import checks
+
+    cfg = ready.cfg
+    steps = checks.data_steps(cfg, ready.train_size, job.ranks)
+    if cfg.steps_per_epoch is None or steps >= cfg.steps_per_epoch or cfg.eval_only:
+        return []
+    grows = cfg.train_size is not None and "train_size" in catalog.defaults_for(cfg.workload)
+    more = "raise --epochs or --train-size" if grows else "raise --epochs (the data set has no more samples)"
+    batch = cfg.batch_size * cfg.accumulate * job.ranks
+    return [
+        f"the data caps an epoch at {steps} steps ({ready.train_size} training samples ÷ global batch {batch} at "
+        f"{job.ranks} rank(s)), not --steps-per-epoch {cfg.steps_per_epoch}: {cfg.epochs * steps} steps in all, "
+        f"{max(0, cfg.epochs * steps - cfg.warmup_steps)} timed; for more, {more}"
+    ]
 
 
 def command(args: argparse.Namespace) -> int:

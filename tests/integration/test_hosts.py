@@ -23,7 +23,7 @@ from tests.helpers import BIN, CLI, REPO, horovodrun, launcher_env, run_cmd, tor
 
 DISTBENCH = str(BIN / "distbench")
 SHORT = ["--repeats", "1", "--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "20"]
-pytestmark = pytest.mark.skipif(
+needs_rights = pytest.mark.skipif(
     emulation.missing_rights() is not None, reason=f"no emulated hosts here: {emulation.missing_rights()}"
 )
 
@@ -31,6 +31,13 @@ pytestmark = pytest.mark.skipif(
 def _namespaces() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return sorted(line.split()[0] for line in out.splitlines() if line.startswith("distbench-"))
+
+
+def _veths() -> int:
+    """veth devices in this machine's own namespace (distbench makes its own inside its namespaces only)."""
+    return len(
+        subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout.splitlines()
+    )
 
 
 def _pids_in(namespaces: list[str]) -> list[str]:
@@ -62,6 +69,7 @@ def _link(name: str, host: str, state: str) -> None:
     subprocess.run(["ip", "-n", f"distbench-{name}-{host}", "link", "set", "eth0", state], check=True)
 
 
+@needs_rights
 @pytest.mark.timeout(300)
 def test_compare_runs_across_emulated_hosts_under_every_launcher(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "out"  # under /tmp, which only the first host sees: rank 0 writes every file
@@ -92,6 +100,7 @@ def test_compare_runs_across_emulated_hosts_under_every_launcher(cluster: str, t
     assert seen.returncode == 1
 
 
+@needs_rights
 @pytest.mark.timeout(200)
 def test_compare_over_ssh_from_the_first_host(cluster: str, tmp_path: Path) -> None:
     """--hosts as on a real cluster: compare started on h0, reaching h1 through `ssh` (the stand-in)."""
@@ -106,17 +115,19 @@ def test_compare_over_ssh_from_the_first_host(cluster: str, tmp_path: Path) -> N
         assert meta["network"]["iface"] == "eth0"  # the route's interface to h1
 
 
+@needs_rights
 @pytest.mark.timeout(200)
 def test_emulate_hosts_makes_a_capped_cluster_for_the_compare_and_removes_it(tmp_path: Path) -> None:
-    before = _namespaces()
+    before, veths = _namespaces(), _veths()
     cmd = [DISTBENCH, "compare", "--emulate-hosts", "2", "--link", "1gbit", "--backends", "ddp,horovod@gloo", *SHORT]
     done = run_cmd([*cmd, "--out", str(tmp_path)], 180)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Decision (" in done.stdout
     assert {m["network"]["link"] for m in _runs(tmp_path).values()} == {"1gbit"}
-    assert _namespaces() == before
+    assert _namespaces() == before and _veths() == veths
 
 
+@needs_rights
 @pytest.mark.timeout(200)
 def test_ctrl_c_stops_every_rank_on_every_host_and_leaves_no_namespace(tmp_path: Path) -> None:
     before = _namespaces()
@@ -151,6 +162,7 @@ def test_ctrl_c_stops_every_rank_on_every_host_and_leaves_no_namespace(tmp_path:
     assert meta["status"] == "failed" and meta["interrupted"] is True
 
 
+@needs_rights
 @pytest.mark.timeout(120)
 def test_an_unreachable_host_or_two_names_of_one_address_are_refused_before_launch(
     cluster: str, tmp_path: Path
@@ -195,6 +207,7 @@ def test_an_unreachable_host_or_two_names_of_one_address_are_refused_before_laun
     assert not list(tmp_path.iterdir())  # nothing started, no compare directory
 
 
+@needs_rights
 @pytest.mark.timeout(240)
 def test_a_link_taken_down_mid_run_fails_the_job_and_names_the_host(cluster: str, tmp_path: Path) -> None:
     long = ["--workload", "transformer", "--epochs", "1", "--steps-per-epoch", "5000", "--train-size", "200000"]
@@ -252,3 +265,16 @@ def test_a_rank_confined_to_one_core_takes_one_thread(launcher: str, tmp_path: P
     meta = json.loads((tmp_path / "r" / "run.json").read_text())
     assert meta["threads"] == 1
     assert meta["placement"]["per_rank"][0]["cpus"] == "0"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop the rights it then lacks")
+@pytest.mark.timeout(60)
+def test_without_the_rights_one_line_says_what_is_missing(tmp_path: Path) -> None:
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--inh-caps=-all"]
+    for args in (["cluster", "up"], ["compare", "--emulate-hosts", "2", "--out", str(tmp_path)]):
+        done = run_cmd([*nobody, DISTBENCH, *args], 30)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [
+            "distbench: error: emulated hosts need root (or CAP_NET_ADMIN and CAP_SYS_ADMIN); run as root, or use "
+            "--hosts with real ones"
+        ]

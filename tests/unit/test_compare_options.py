@@ -108,3 +108,14 @@ def test_compare_makes_buffer_broadcast_equal_unless_it_is_given(given, backends
 def test_run_keeps_ddp_buffer_broadcast_on_by_default() -> None:
     args = cli.build_parser().parse_args(["run", "--backend", "ddp"])
     assert args.broadcast_buffers is True
+
+
+@pytest.mark.parametrize(
+    ("workload", "more"),
+    [("mlp", "raise --epochs (the data set has no more samples)"), ("transformer", "raise --epochs or --train-size")],
+)
+def test_start_up_says_when_the_data_caps_the_steps_and_what_gives_more(workload, more, tmp_path, capsys) -> None:
+    argv = ["compare", "--workload", workload, "--epochs", "1", "--steps-per-epoch", "800", "--out", str(tmp_path)]
+    compare.prepare(cli.build_parser().parse_args(argv))
+    [line] = [ln for ln in capsys.readouterr().err.splitlines() if "caps an epoch" in ln]
+    assert "not --steps-per-epoch 800" in line and line.endswith(more)

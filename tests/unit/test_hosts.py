@@ -12,7 +12,7 @@ from benchmarks import cli
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
 from benchmarks.launch.variants import BY_NAME
-from benchmarks.suite import cluster, hosts
+from benchmarks.suite import cluster, hosts, ssh_standin
 
 
 def test_host_lists_and_hostfiles() -> None:
@@ -87,11 +87,13 @@ def test_rates_core_shares_and_the_ssh_stand_ins_arguments() -> None:
     assert cluster.split_cores([0, 1], 3) == [("0", True), ("1", True), ("0", True)]  # more hosts than cores
     c = fake_cluster()
     # Horovod puts ssh options on both sides of the host; Open MPI passes its orted command as words.
-    host, cmd, _ = cluster.agent_argv(c, ["-o", "PasswordAuthentication=no", "h1", "-o", "ConnectTimeout=5", "date"])
+    host, cmd, _ = ssh_standin.agent_argv(
+        c, ["-o", "PasswordAuthentication=no", "h1", "-o", "ConnectTimeout=5", "date"]
+    )
     assert host is not None and host.name == "h1" and cmd == "date"
-    host, cmd, _ = cluster.agent_argv(c, ["-x", "root@h0", "orted", "-mca", "ess", "env"])
+    host, cmd, _ = ssh_standin.agent_argv(c, ["-x", "root@h0", "orted", "-mca", "ess", "env"])
     assert host is not None and host.name == "h0" and cmd == "orted -mca ess env"
-    assert cluster.agent_argv(c, ["h9", "true"])[0] is None
+    assert ssh_standin.agent_argv(c, ["h9", "true"])[0] is None
 
 
 def test_threads_come_from_the_cpus_a_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:

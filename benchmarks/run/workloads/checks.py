@@ -103,6 +103,18 @@ def check_workload(workload: Workload, name: str) -> None:
             raise problem(f"optimizer(model, lr) returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
 
 
+def data_steps(cfg: RunConfig, train_size: int, world_size: int) -> int:
+    """Optimizer steps the data gives each rank per epoch: its share of the samples ÷ (batch × accumulate),
+    what sharding.train_batches gives it before --steps-per-epoch caps it."""
+    return train_size // world_size // cfg.batch_size // cfg.accumulate
+
+
+def epoch_steps(cfg: RunConfig, train_size: int, world_size: int) -> int:
+    """Optimizer steps per epoch: the data's, capped by --steps-per-epoch."""
+    steps = data_steps(cfg, train_size, world_size)
+    return min(steps, cfg.steps_per_epoch or steps)
+
+
 def check_steps(cfg: RunConfig, train_size: int, world_size: int, autotune: bool = False) -> None:
     """InputError when a rank's share of the `train_size` samples gives it no timed step; with `autotune`,
     none after Horovod's autotuner has searched (it searches in the warm-up)."""
@@ -113,8 +125,7 @@ def check_steps(cfg: RunConfig, train_size: int, world_size: int, autotune: bool
             f"of the {train_size} training samples ({shard} on {world_size} ranks); "
             "lower --batch-size or raise --train-size"
         )
-    steps = shard // cfg.batch_size // cfg.accumulate  # what sharding.train_batches gives each rank
-    steps = min(steps, cfg.steps_per_epoch or steps)
+    steps = epoch_steps(cfg, train_size, world_size)
     if cfg.epochs * steps <= cfg.warmup_steps and not cfg.eval_only:  # --eval-only times no training step
         raise config.no_timed_steps(cfg, steps)
     if autotune and not cfg.eval_only:
