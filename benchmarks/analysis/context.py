@@ -1,8 +1,8 @@
 """What was compared: the part of a report that lets a reader judge the numbers without the runs.
 
 Workload and its size, per-rank and global batch, steps timed, world size, launcher and controller
-per backend, versions, threads and CPU placement, and every knob, option or recorded environment variable
-that differs between the backends.
+per backend, versions, threads, CPU placement, hosts and network, and every knob, option or recorded
+environment variable that differs between the backends.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ BACKEND_FACTS = {
     "threads": "threads",
     "omp_num_threads_env": "OMP_NUM_THREADS",
     "placement": "CPU placement",
+    "network": "hosts and network",
     "optimizer": "optimizer",
     "knob_autotuned": "Horovod autotuner settled on",
 }

@@ -64,7 +64,8 @@ class SchemaError(ValueError):
 class RunSet:
     runs: pd.DataFrame
     """One row per run: `run_key` (its directory), run.json's fields, `config_*`, `knob_*`, `version_*`, `env_*`
-    (rank 0's recorded environment variables) and `placement` (its CPU placement in words)."""
+    (rank 0's recorded environment variables), `placement` (its CPU placement in words) and `network` (its
+    hosts, interface and link in words)."""
     timing: pd.DataFrame
     loss: pd.DataFrame
     skipped: list[str] = dataclasses.field(default_factory=list)
@@ -90,6 +91,17 @@ def find_run_dirs(*paths: str | Path) -> list[Path]:
     return sorted(unique.values(), key=str)
 
 
+def network_words(network: Any) -> str | None:
+    """run.json `network` in words: 'one host', '2 hosts over eth0, emulated link 1gbit'; None if not recorded."""
+    if not isinstance(network, dict):
+        return None
+    if (network.get("hosts") or 1) <= 1:
+        return "one host"
+    via = f" over {network['iface']}" if network.get("iface") else ""
+    link = f", emulated link {network.get('link')}" if network.get("emulated") else ""
+    return f"{network['hosts']} hosts{via}{link}"
+
+
 def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """The `runs` row of one run: older run.json files lack newer keys, which come out as None."""
     row: dict[str, Any] = {"run_key": str(run_dir), "compare_id": run_dir.parent.name}
@@ -100,6 +112,7 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     row.update({f"version_{k}": v for k, v in (meta.get("versions") or {}).items()})
     row.update({f"env_{k}": v for k, v in ((meta.get("environment") or {}).get("variables") or {}).items()})
     row["placement"] = placement.summary(meta.get("placement"))
+    row["network"] = network_words(meta.get("network"))
     optimizer = meta.get("optimizer")
     row["optimizer"] = ", ".join(f"{k}={v}" for k, v in optimizer.items()) if isinstance(optimizer, dict) else optimizer
     row["path"] = str(run_dir)
