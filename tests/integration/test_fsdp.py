@@ -81,11 +81,22 @@ REFUSED = {
     "a policy that names nothing": (["--workload", "linear", "--fsdp-units", "blocks"], "names no module"),
     "a knob with no meaning": (["--fsdp-units", "root", "--fsdp-min-params", "5"], "--fsdp-min-params applies only"),
 }
+# `make test` refuses one case under each launcher, each case once; the other pairs are `full_matrix`.
+DEFAULT_CASE_OF_LAUNCHER = {"torchrun": "a policy that names nothing", "mpirun": "a knob with no meaning"}
+REFUSED_UNDER_LAUNCHERS = [
+    pytest.param(
+        case,
+        launcher,
+        id=f"{case}-{launcher}",
+        marks=() if DEFAULT_CASE_OF_LAUNCHER[launcher] == case else pytest.mark.full_matrix,
+    )
+    for case in REFUSED
+    for launcher in LAUNCH
+]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("launcher", list(LAUNCH))
-@pytest.mark.parametrize("case", list(REFUSED))
+@pytest.mark.parametrize(("case", "launcher"), REFUSED_UNDER_LAUNCHERS)
 def test_what_fsdp_cannot_honour_is_refused_in_one_line(tmp_path: Path, launcher: str, case: str) -> None:
     extra, said = REFUSED[case]
     argv = [*LAUNCH[launcher](), "run", "--backend", "fsdp", *STEPS, *extra, "--out", str(tmp_path)]
