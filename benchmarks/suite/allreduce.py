@@ -134,6 +134,7 @@ def command(args: argparse.Namespace) -> int:
 
     info = launch.detect()
     try:
+        hosts.refuse_outside_compare(args)
         if args.impl is None:
             raise InputError("--impl is required (torch, horovod or mpi4py), or give --compare")
         opts = config.from_namespace(AllreduceConfig, args)

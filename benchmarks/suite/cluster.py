@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import re
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -40,6 +42,7 @@ from pathlib import Path
 from benchmarks import errors, files
 from benchmarks.errors import InputError
 from benchmarks.launch import emulated, placement
+from benchmarks.suite import jobs
 
 SUBNET = "169.254.100"
 """Link-local (RFC 3927): never routed, and only ever inside namespaces distbench made."""
@@ -187,7 +190,7 @@ def up(hosts: int, link: str = UNLIMITED, name: str | None = None) -> Cluster:
     missing rights. Whatever was made is removed again if any step fails."""
     rate = parse_rate(link)
     if hosts < 1 or hosts > 200:
-        raise InputError(f"--hosts takes 1 to 200 emulated hosts, got {hosts}")
+        raise InputError(f"emulated hosts: 1 to 200, not {hosts}")
     name = name or DEFAULT_NAME
     if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", name):
         raise InputError(f"cluster name {name!r}: 1-8 lower-case letters and digits, starting with a letter")
@@ -200,10 +203,16 @@ def up(hosts: int, link: str = UNLIMITED, name: str | None = None) -> Cluster:
         made.hosts.append(Host(f"h{i}", f"{emulated.PREFIX}{name}-h{i}", f"{SUBNET}.{i + 1}", cpus, shared))
     try:
         _build(made)
-    except BaseException:
-        down(name)
+    except BaseException as exc:
+        down(name, quiet=True)
+        if isinstance(exc, RuntimeError):  # a step of ip or tc: the kernel's words, in one line
+            raise EmulationFailed(f"emulated hosts could not be made: {exc}") from exc
         raise
     return made
+
+
+class EmulationFailed(InputError):
+    """The kernel refused a step of `up` (what was made is gone again): one line, as bad input is."""
 
 
 def _build(c: Cluster) -> None:
@@ -260,10 +269,11 @@ def leftovers() -> list[str]:
     return [n for n in names if n.startswith(emulated.PREFIX) and n not in known]
 
 
-def down(name: str | None = None) -> list[str]:
+def down(name: str | None = None, quiet: bool = False) -> list[str]:
     """Remove cluster `name` (every cluster and every leftover namespace of distbench's when None): the
     processes in its namespaces first, then the namespaces (their veths go with them), their /etc/netns
-    entries and the description. Returns the namespaces removed."""
+    entries and the description. Returns the namespaces removed; InputError for a `name` that is not up
+    (unless `quiet`)."""
     clusters = [c for c in status() if name in (None, c.name)]
     namespaces = [ns for c in clusters for ns in (*(h.netns for h in c.hosts), c.switch)]
     if name is None:
@@ -280,7 +290,7 @@ def down(name: str | None = None) -> list[str]:
     for c in clusters:
         shutil.rmtree(emulated.STATE_DIR / c.name, ignore_errors=True)
         emulated.state_file(c.name).unlink(missing_ok=True)
-    if name is not None and not clusters and not namespaces:
+    if name is not None and not clusters and not namespaces and not quiet:
         raise InputError(f"no cluster {name} is up; 'distbench cluster status' lists what is")
     return namespaces
 
@@ -289,19 +299,28 @@ def down(name: str | None = None) -> list[str]:
 def temporary(hosts: int, link: str) -> Iterator[Cluster]:
     """A cluster for one command (`compare --emulate-hosts`): up on entry, down on exit, however it exits."""
     made = up(hosts, link, f"c{secrets.token_hex(3)}")
+    remove = functools.partial(down, made.name, quiet=True)
+    jobs.ABORT_HOOKS.append(remove)  # a second Ctrl-C ends the process at once: the cluster goes first
+    old = signal.signal(signal.SIGTERM, _terminated)  # before compare's own handler, SIGTERM would skip `finally`
     try:
         yield made
     finally:
-        down(made.name)
+        signal.signal(signal.SIGTERM, old)
+        jobs.ABORT_HOOKS.remove(remove)
+        remove()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # main says `distbench: interrupted`, exit 130, once `temporary` has cleaned up
 
 
 def link_state(c: Cluster, host: Host) -> str:
-    """'up' or 'down': the host's end of its link, as the kernel has it."""
+    """'up' or 'down': the host's end of its link, as the kernel has it ('unknown' where `ip` cannot say)."""
     done = subprocess.run(["ip", "-n", host.netns, "-j", "link", "show", IFACE], capture_output=True, text=True)
     try:
         flags = json.loads(done.stdout)[0]["flags"]
     except (ValueError, IndexError, KeyError):
-        return "down"
+        return "unknown" if done.returncode else "down"
     return "up" if "UP" in flags and "LOWER_UP" in flags else "down"
 
 

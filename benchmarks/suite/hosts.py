@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks import launch
+from benchmarks import environment, launch
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
 from benchmarks.launch.variants import Variant
@@ -106,9 +106,10 @@ class Hosts:
             return self.cluster.on(self.cluster.host(self.slots[index].name), argv)
         if not self.slots or is_local(self.slots[index].name):
             return argv
-        assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**forwarded(), **env}.items())
         remote = f"cd {shlex.quote(os.getcwd())} && env {assigned} {shlex.join(argv)}"
-        return [*self.ssh, self.slots[index].name, remote]
+        # -tt: a remote command whose ssh is stopped gets SIGHUP, so a stopped job leaves no rank behind there.
+        return [*self.ssh, "-tt", self.slots[index].name, remote]
 
     def commands(self, variant: Variant, nproc: int, args: list[str], env: dict[str, str]) -> list[list[str]]:
         """The command lines (one per process to start here) that run `nproc` ranks of `distbench <args>`."""
@@ -141,13 +142,14 @@ class Hosts:
             argv += ["--mca", "plm_rsh_agent", str(self.cluster.agent)]
         if self.iface:
             argv += ["--mca", "btl_tcp_if_include", self.iface, "--mca", "oob_tcp_if_include", self.iface]
-        for name in sorted(env):  # mpirun passes no variable to another host unless told
+        for name in sorted({*forwarded(), *env}):  # mpirun passes no variable to another host unless told
             argv += ["-x", name]
         return [*argv, *module]
 
     def launch_words(self, variant: Variant, nproc: int) -> str:
         """How a job across the hosts starts, for its progress line: `torchrun on h0:1,h1:1`."""
-        return f"{variant.launch_words()} on {self.host_list(nproc)}"
+        where = self.slots[0].name if variant.launcher == launch.PYTHON else self.host_list(nproc)
+        return f"{variant.launch_words()} on {where}"
 
     def words(self) -> str:
         """The start-up line's phrase for where the ranks run."""
@@ -162,8 +164,14 @@ class Hosts:
         if not self.slots:
             return
         seen: dict[str, str] = {}
+        remote = self.cluster is not None or any(not is_local(s.name) for s in self.slots)
         for s in self.slots:
             address = self.address(s.name)
+            if remote and ipaddress.ip_address(address).is_loopback:
+                raise InputError(
+                    f"host {s.name} resolves to {address}, which the other hosts cannot reach (rank 0's rendezvous "
+                    f"is on the first host); name it by a name they resolve, e.g. {socket.gethostname()}"
+                )
             if address in seen:
                 raise InputError(
                     f"hosts {seen[address]} and {s.name} both resolve to {address}: ranks meant for one would "
@@ -190,7 +198,8 @@ class Hosts:
         """Why host `name` cannot be reached, in words; None when it answers."""
         if self.cluster is not None:
             host = self.cluster.host(name)
-            return None if emulation.link_state(self.cluster, host) == "up" else f"its link ({host.netns}) is down"
+            state = emulation.link_state(self.cluster, host)
+            return None if state == "up" else f"its link ({host.netns}) is {state}"
         if is_local(name):
             return None
         try:
@@ -211,6 +220,14 @@ class Hosts:
         """After a failed job: the hosts that no longer answer, in one phrase (None when all do)."""
         lost = [f"{s.name} ({why})" for s in self.slots if (why := self.unreachable(s.name))]
         return f"host unreachable: {', '.join(lost)}" if lost else None
+
+
+def forwarded() -> dict[str, str]:
+    """The variables of this environment that can change a measurement (benchmarks.environment's rule, secrets
+    left out): handed to the ranks on other hosts too, which ssh and mpirun would not do, so that every rank
+    runs under the same settings as the first host's."""
+    recorded = environment.recorded_variables(os.environ)
+    return {k: os.environ[k] for k, v in recorded.items() if v != environment.REDACTED and k in os.environ}
 
 
 def launcher_command(variant: Variant, nproc: int) -> list[str]:
@@ -345,6 +362,8 @@ def from_args(args: argparse.Namespace, made: emulation.Cluster | None = None) -
         raise InputError("--link is the emulated hosts' link rate; give it with --emulate-hosts N")
     found = made
     if args.cluster is not None:
+        if problem := emulation.missing_rights():
+            raise InputError(problem)
         found = emulation.load(args.cluster)
         if found is None:
             raise InputError(f"no cluster {args.cluster} is up; 'distbench cluster up --name {args.cluster}' makes one")
@@ -357,8 +376,10 @@ def from_args(args: argparse.Namespace, made: emulation.Cluster | None = None) -
             )
         return Hosts()
     slots = parse_hosts(args.hosts) if args.hosts is not None else parse_hostfile(args.hostfile)
+    # This machine's route names an interface of this machine: a default only when it is one of the hosts.
     others = [s.name for s in slots if not is_local(s.name)]
-    iface = args.iface or (route_iface(others[0]) if others else None)
+    here = len(others) < len(slots)
+    iface = args.iface or (route_iface(others[0]) if others and here else None)
     return Hosts(slots, iface)
 
 
@@ -377,3 +398,9 @@ def emulated(args: argparse.Namespace) -> contextlib.AbstractContextManager[emul
     if args.emulate_hosts is None:
         return contextlib.nullcontext()
     return emulation.temporary(args.emulate_hosts, args.link or emulation.UNLIMITED)
+
+
+def refuse_outside_compare(args: argparse.Namespace) -> None:
+    """`distbench allreduce` under a launcher runs where that launcher put it: host options are --compare's."""
+    if given(args) or getattr(args, "iface", None) or getattr(args, "link", None):
+        raise InputError("--hosts, --hostfile, --emulate-hosts, --cluster, --iface and --link are for --compare")

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -43,6 +44,9 @@ STARTUP_POLLS = 40
 """Polls (10 s) during which the tree is looked at every time; then every 2 s, which costs the measured
 runs next to nothing (a look lists every process, a few ms)."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ABORT_HOOKS: list[Callable[[], object]] = []
+"""Run before a second signal ends the process at once (os._exit skips `finally`): e.g. removing the emulated
+hosts a compare made."""
 
 
 def _started(pid: int) -> float | None:
@@ -167,6 +171,9 @@ class Supervisor:
             file=sys.stderr,
             flush=True,
         )
+        for hook in ABORT_HOOKS:
+            with contextlib.suppress(Exception):
+                hook()
         os._exit(EXIT_INTERRUPTED)
 
     def run(self, cmd: list[str], env: dict[str, str], log: Path) -> int:
@@ -181,10 +188,24 @@ class Supervisor:
         """`run` for a job of several processes started together (torchrun on each host): its exit code is the
         first non-zero one; once one process has failed, the rest get `PEER_S` to end before they are stopped
         (a peer waiting on a rendezvous that will never complete would wait out its own timeout)."""
-        procs = [
-            subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
-            for cmd in cmds
-        ]
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for cmd in cmds:  # no stdin: an ssh among them would otherwise read the terminal
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+        except OSError:
+            for proc in procs:  # what started of the job is not left unsupervised
+                Tree(proc).kill()
+                proc.wait()
+            raise
         trees = [Tree(proc) for proc in procs]
         self.tree = trees[0] if len(trees) == 1 else Forest(trees)
         tree = self.tree
@@ -193,6 +214,7 @@ class Supervisor:
             copier.start()
         deadline: float | None = None
         peers_until: float | None = None
+        first_failure: int | None = None  # the first process to fail says why: the others are stopped after it
         polls = 0
         while True:
             if self.signum is not None and deadline is None:
@@ -207,6 +229,7 @@ class Supervisor:
                 break
             if peers_until is None and any(codes):
                 peers_until = time.monotonic() + PEER_S
+                first_failure = next(c for c in codes if c)
             if deadline is None and peers_until is not None and time.monotonic() > peers_until:
                 tree.refresh()
                 tree.signal(signal.SIGTERM)
@@ -220,7 +243,7 @@ class Supervisor:
         for copier in copiers:
             copier.join(timeout=GRACE_S)
         codes = [p.returncode for p in procs]
-        return next((c for c in codes if c), 0)
+        return first_failure or next((c for c in codes if c), 0)
 
     def _reap(self, tree: Tree | Forest, deadline: float | None) -> None:
         """Processes of the job that outlive its launcher: given until the deadline (or `LEFTOVER_S`), then killed."""

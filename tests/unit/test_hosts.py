@@ -73,8 +73,14 @@ def test_over_ssh_the_environment_and_directory_go_on_the_command_line() -> None
     where = hosts.Hosts([hosts.Slot("localhost"), hosts.Slot("node1.invalid")], "ib0")
     first, second = where.commands(BY_NAME["ddp@torchrun"], 2, ["run"], {"OMP_NUM_THREADS": "3"})
     assert first[0].endswith("torchrun")  # this machine: no ssh
-    assert second[: len(hosts.SSH)] == list(hosts.SSH) and second[len(hosts.SSH)] == "node1.invalid"
+    assert second[: len(hosts.SSH)] == list(hosts.SSH) and second[len(hosts.SSH) :][:2] == ["-tt", "node1.invalid"]
     assert second[-1].startswith("cd ") and "env OMP_NUM_THREADS=3 " in second[-1] and "--node-rank=1" in second[-1]
+
+
+def test_a_first_host_the_others_cannot_reach_is_refused() -> None:
+    where = hosts.Hosts([hosts.Slot("localhost"), hosts.Slot("node1.invalid")], "eth0")
+    with pytest.raises(InputError, match="host localhost resolves to 127.0.0.1, which the other hosts cannot reach"):
+        where.check()
 
 
 def test_rates_core_shares_and_the_ssh_stand_ins_arguments() -> None:
