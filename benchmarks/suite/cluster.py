@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks import errors, files
@@ -73,6 +73,9 @@ class Cluster:
     hosts: list[Host]
     switch: str
     created: str
+    keep: list[str] = field(default_factory=list)
+    """Directories under /tmp that every host sees (the Python environment and the checkout running distbench,
+    as software is installed on every host of a cluster): the private /tmp of the other hosts leaves them be."""
 
     @property
     def bin_dir(self) -> Path:
@@ -91,7 +94,7 @@ class Cluster:
 
     def on(self, host: Host, argv: Sequence[str]) -> list[str]:
         """`argv` run on `host`: its namespace, its name, its cores, and (but on the first host) its own /tmp."""
-        private = "" if host is self.hosts[0] else "mount -t tmpfs -o mode=1777 distbench-tmp /tmp && "
+        private = "" if host is self.hosts[0] else self._private_tmp()
         script = f'hostname "$0" && {private}PATH={shlex.quote(str(self.bin_dir))}:"$PATH" exec "$@"'
         return [
             "ip",
@@ -109,6 +112,17 @@ class Cluster:
             host.name,
             *argv,
         ]
+
+    def _private_tmp(self) -> str:
+        """The shell that gives a host a /tmp of its own: `keep` is moved aside (a bind mount in the state
+        directory, this command's mount namespace only), /tmp becomes an empty tmpfs, and `keep` comes back."""
+        hold = emulated.STATE_DIR / self.name / "hold"
+        aside = "".join(f"mount --bind {shlex.quote(k)} {hold}/{i} && " for i, k in enumerate(self.keep))
+        back = "".join(
+            f"mkdir -p {shlex.quote(k)} && mount --move {hold}/{i} {shlex.quote(k)} && "
+            for i, k in enumerate(self.keep)
+        )
+        return f"{aside}mount -t tmpfs -o mode=1777 distbench-tmp /tmp && {back}"
 
     def describe(self) -> str:
         hosts = ", ".join(f"{h.name} {h.address} cores {h.cpus}{' (shared)' if h.shared else ''}" for h in self.hosts)
@@ -198,7 +212,7 @@ def up(hosts: int, link: str = UNLIMITED, name: str | None = None) -> Cluster:
         raise InputError(problem)
     if emulated.load(name) is not None:
         raise InputError(f"cluster {name} is up already; 'distbench cluster down {name}' first, or name another")
-    made = Cluster(name, link, rate, [], f"{emulated.PREFIX}{name}-sw", _now())
+    made = Cluster(name, link, rate, [], f"{emulated.PREFIX}{name}-sw", _now(), kept_in_tmp())
     for i, (cpus, shared) in enumerate(split_cores(placement.available(), hosts)):
         made.hosts.append(Host(f"h{i}", f"{emulated.PREFIX}{name}-h{i}", f"{SUBNET}.{i + 1}", cpus, shared))
     try:
@@ -213,6 +227,17 @@ def up(hosts: int, link: str = UNLIMITED, name: str | None = None) -> Cluster:
 
 class EmulationFailed(InputError):
     """The kernel refused a step of `up` (what was made is gone again): one line, as bad input is."""
+
+
+def kept_in_tmp() -> list[str]:
+    """What of this Python environment, this checkout and the working directory lies under /tmp (a clone made
+    there, say), outermost first: every host must see the software that runs the ranks."""
+    import benchmarks
+
+    tmp = Path("/tmp").resolve()
+    found = [Path(p).resolve() for p in (sys.prefix, Path(benchmarks.__file__).parents[1], os.getcwd())]
+    inside = sorted({p for p in found if p != tmp and p.is_relative_to(tmp)}, key=lambda p: len(p.parts))
+    return [str(p) for i, p in enumerate(inside) if not any(p.is_relative_to(q) for q in inside[:i])]
 
 
 def _build(c: Cluster) -> None:
@@ -239,6 +264,8 @@ def _build(c: Cluster) -> None:
             _tc(h.netns, IFACE, c.rate_bps)
             _tc(c.switch, port, c.rate_bps)
     c.bin_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(len(c.keep)):
+        (emulated.STATE_DIR / c.name / "hold" / str(i)).mkdir(parents=True, exist_ok=True)
     agent = (
         f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m benchmarks.suite.ssh_standin {shlex.quote(c.name)} "$@"\n'
     )
