@@ -4,6 +4,7 @@ process may use, and compare's bad host options (one line, exit 2)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,14 @@ def test_bad_host_options_are_one_line_and_exit_2(argv: list[str], said: str, ca
     assert code == 2
     assert said in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_software_under_tmp_stays_visible_on_every_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone under /tmp: its venv and checkout are kept on the hosts whose /tmp is otherwise their own."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    monkeypatch.setattr(sys, "prefix", str(clone / ".venv"))
+    monkeypatch.chdir(clone)
+    kept = cluster.kept_in_tmp()
+    assert str(clone.resolve()) in kept
+    assert not [k for k in kept if k != str(clone.resolve()) and Path(k).is_relative_to(clone.resolve())]
