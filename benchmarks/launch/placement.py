@@ -30,11 +30,10 @@ MPIRUN_ARGS = ("--bind-to", "none")
 """What distbench's own mpirun command lines add: the rank applies --bind itself, so mpirun must not bind
 first (Open MPI binds each rank to a core by default when ranks ≤ cores)."""
 CPUSET_FILES = ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/fs/cgroup/cpuset/cpuset.effective_cpus")
-QUOTA_FILES = (
-    ("/sys/fs/cgroup/cpu.max", True),
-    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us|/sys/fs/cgroup/cpu/cpu.cfs_period_us", False),
-)
-"""cgroup v2's one file (`quota period`), then v1's two."""
+QUOTA_V2 = "/sys/fs/cgroup/cpu.max"
+"""cgroup v2: `QUOTA PERIOD` in one file (`max` for none)."""
+QUOTA_V1 = ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+"""cgroup v1: the two numbers in a file each (-1 for none)."""
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -78,25 +77,34 @@ def available() -> list[int]:
 
 def cpu_quota() -> float | None:
     """The cgroup's CPU quota in cores (cpu.max, or cfs_quota_us ÷ cfs_period_us in cgroup v1); None if unlimited."""
-    for path, split in QUOTA_FILES:
+    try:
+        words = Path(QUOTA_V2).read_text().split()
+    except OSError:
         try:
-            text = Path(path).read_text().split() if split else [Path(p).read_text() for p in path.split("|")]
+            words = [Path(name).read_text() for name in QUOTA_V1]
         except OSError:
-            continue
-        try:
-            quota, period = float(text[0]), float(text[1])
-        except (ValueError, IndexError):
-            return None  # "max": no quota
-        return quota / period if quota > 0 and period > 0 else None
-    return None
+            return None
+    try:
+        quota, period = float(words[0]), float(words[1])
+    except (ValueError, IndexError):
+        return None  # "max": no quota
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _within_quota(cpus: float) -> float:
+    quota = cpu_quota()
+    return min(cpus, quota) if quota is not None else cpus
+
+
+def host_cpus() -> float:
+    """How many CPUs the ranks on this host may keep busy together: its cores, capped by the cgroup's quota."""
+    return _within_quota(len(available()))
 
 
 def usable_cpus() -> float:
     """How many CPUs this process can keep busy: the cores it may run on (its affinity, within the host's
     share), capped by the cgroup's quota."""
-    cores = len(set(affinity()) & set(available())) or len(affinity())
-    quota = cpu_quota()
-    return min(cores, quota) if quota is not None else cores
+    return _within_quota(len(set(affinity()) & set(available())) or len(affinity()))
 
 
 def default_threads(local_world_size: int) -> int:
@@ -104,20 +112,14 @@ def default_threads(local_world_size: int) -> int:
     OMP_NUM_THREADS=1 and mpirun's nothing would otherwise differ): a rank bound to its own cores (mpirun's
     default, --bind cores) takes them all; an unbound one shares the host's CPUs with its local ranks. Both
     counts come from the CPUs the process may use, never the machine's count."""
-    mine = usable_cpus()
-    host = len(available())
-    quota = cpu_quota()
-    shared = min(host, quota) if quota is not None else host
-    return max(1, int(min(mine, shared / max(1, local_world_size))))
+    return max(1, int(min(usable_cpus(), host_cpus() / max(1, local_world_size))))
 
 
 def oversubscribed(local_world_size: int) -> bool:
     """More ranks on this host than the CPUs they may use, or a host whose cores another emulated host uses
     too: such a run measures time-slicing, not scaling."""
     host = emulated.current()
-    quota = cpu_quota()
-    cpus = min(len(available()), quota) if quota is not None else len(available())
-    return local_world_size > cpus or bool(host and host["shared_cpus"])
+    return local_world_size > host_cpus() or bool(host and host["shared_cpus"])
 
 
 def share(cpus: list[int], local_rank: int, local_world_size: int) -> list[int]:

@@ -136,8 +136,7 @@ class Hosts:
         raise ValueError(f"no launch command for {variant.name}")
 
     def mpirun(self, nproc: int, env: dict[str, str], module: list[str]) -> list[str]:
-        argv = ["mpirun", "-np", str(nproc), "-H", self.host_list(nproc), "--oversubscribe", *placement.MPIRUN_ARGS]
-        argv += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        argv = [*mpirun_base(nproc), "-H", self.host_list(nproc)]
         if self.cluster is not None:
             argv += ["--mca", "plm_rsh_agent", str(self.cluster.agent)]
         if self.iface:
@@ -241,10 +240,16 @@ def launcher_command(variant: Variant, nproc: int) -> list[str]:
         return [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "benchmarks.cli"]
     if variant.launcher == launch.HOROVODRUN:  # --mpi: horovodrun adds --allow-run-as-root and -H localhost:N
         return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *module]
-    if variant.launcher == launch.MPIRUN:  # unbound, as under the other launchers: each rank applies --bind itself
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        return ["mpirun", "-np", str(nproc), "--oversubscribe", *placement.MPIRUN_ARGS, *root, *module]
+    if variant.launcher == launch.MPIRUN:
+        return [*mpirun_base(nproc), *module]
     raise ValueError(f"no launch command for {variant.name}")
+
+
+def mpirun_base(nproc: int) -> list[str]:
+    """distbench's mpirun, on one host or many: unbound, as under the other launchers (each rank applies --bind
+    itself), ranks beyond the cores allowed, and root allowed where it runs as root."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", "-np", str(nproc), "--oversubscribe", *placement.MPIRUN_ARGS, *root]
 
 
 def is_local(name: str) -> bool:
@@ -348,14 +353,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def given(args: argparse.Namespace) -> bool:
-    return any(getattr(args, n, None) is not None for n in ("hosts", "hostfile", "emulate_hosts", "cluster"))
+KINDS = ("hosts", "hostfile", "emulate_hosts", "cluster")
+"""The options that each say where the ranks run (one at most)."""
+
+
+def given(args: argparse.Namespace) -> list[str]:
+    """The options of `KINDS` given, as flags."""
+    return [f"--{n.replace('_', '-')}" for n in KINDS if getattr(args, n, None) is not None]
 
 
 def from_args(args: argparse.Namespace, made: emulation.Cluster | None = None) -> Hosts:
     """The hosts the options name (this machine when none); `made` is the cluster --emulate-hosts brought up.
     InputError on bad input."""
-    kinds = [f"--{n.replace('_', '-')}" for n in ("hosts", "hostfile", "emulate_hosts", "cluster") if getattr(args, n)]
+    kinds = given(args)
     if len(kinds) > 1:
         raise InputError(f"{' and '.join(kinds)} each say where the ranks run; give one")
     if args.link is not None and args.emulate_hosts is None:
