@@ -121,7 +121,6 @@ def command(args: argparse.Namespace) -> int:
             )
             for name in names:
                 validate(dataclasses.replace(opts, impl=VARIANTS[name][0]))
-            hosts.check_emulation(args)
             with hosts.emulated(args) as made:
                 where = hosts.from_args(args, made)
                 where.check_sizes([args.nproc])

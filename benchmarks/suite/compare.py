@@ -408,7 +408,6 @@ def command(args: argparse.Namespace) -> int:
     """`distbench compare`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
     started = time.perf_counter()
     try:
-        hosts.check_emulation(args)
         with hosts.emulated(args) as made:
             jobs, root, scaling = prepare(args, made)
             return compare(jobs, args, root, scaling, started, rerun_command())

@@ -404,7 +404,9 @@ def check_emulation(args: argparse.Namespace) -> None:
 
 
 def emulated(args: argparse.Namespace) -> contextlib.AbstractContextManager[emulation.Cluster | None]:
-    """The cluster `--emulate-hosts N` asks for, up for the command and down after it (else nothing)."""
+    """The cluster `--emulate-hosts N` asks for, up for the command and down after it (else nothing). Its
+    options and the rights are checked first (InputError), before anything is made."""
+    check_emulation(args)
     if args.emulate_hosts is None:
         return contextlib.nullcontext()
     return emulation.temporary(args.emulate_hosts, args.link or emulation.UNLIMITED)

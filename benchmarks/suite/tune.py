@@ -131,7 +131,6 @@ def describe_point(point: dict[str, Any]) -> str:
 def command(args: argparse.Namespace) -> int:
     """`distbench tune`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
     try:
-        hosts.check_emulation(args)
         with hosts.emulated(args) as made:
             return tune_on(args, made)
     except InputError as exc:
