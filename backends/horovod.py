@@ -34,7 +34,7 @@ def import_horovod() -> Any:
 class HorovodBackend(Backend[HorovodConfig]):
     name = "horovod"
     options_type = HorovodConfig
-    launchers = (launch.HOROVODRUN, launch.MPIRUN, launch.PYTHON)
+    launchers = (launch.HOROVODRUN, launch.MPIRUN, launch.SRUN_MPI, launch.PYTHON)
 
     @classmethod
     def check_available(cls) -> None:

@@ -26,3 +26,19 @@ def horovod_available() -> None:
         import horovod.torch  # noqa: F401
     except ImportError as exc:
         pytest.fail(f"Horovod is part of the set-up (make setup); it is missing: {exc}")
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A real one-node Slurm (tests/slurm_cluster.py) for the session; nothing of it is left running after."""
+    from tests.slurm_cluster import SlurmCluster, missing
+
+    if why := missing():
+        pytest.skip(f"no test Slurm: {why}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not cluster.leftovers(), f"left running after the test Slurm stopped: {cluster.leftovers()}"

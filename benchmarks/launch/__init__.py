@@ -21,6 +21,10 @@ LAUNCHERS = (TORCHRUN, MPIRUN, HOROVODRUN, SRUN, PYTHON)
 HOROVODRUN_MPI = "horovodrun --mpi"
 """In a backend's `launchers`: horovodrun with its MPI controller only, which starts the ranks through mpirun
 and so offers mpirun's rendezvous (HOROVODRUN accepts either controller)."""
+SRUN_MPI = "srun --mpi=pmix"
+"""In a backend's `launchers`: srun with an MPI plugin (`--mpi=pmix` for Open MPI), through which MPI's ranks
+find each other; a plain srun (`--mpi=none`, Slurm's usual default) gives each rank an MPI world of one."""
+SRUN_MPI_HINT = "srun --mpi=pmix (Open MPI's ranks find each other through PMIx; `srun --mpi=list` shows the others)"
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,15 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             node_rank=_int(env, "SLURM_NODEID", 0),
             master_addr=env.get("MASTER_ADDR") or expand_slurm_nodelist(nodelist)[0],
             master_port=_int(env, "MASTER_PORT", 15000 + job_id % 20000),
+            detail=_srun_mpi(env),
         )
     return LaunchInfo(launcher=PYTHON)
+
+
+def _srun_mpi(env: Mapping[str, str]) -> str:
+    # srun exports its --mpi plugin as SLURM_MPI_TYPE (absent or "none" without one).
+    value = env.get("SLURM_MPI_TYPE", "")
+    return "" if value == "none" else value
 
 
 def _local_tasks(env: Mapping[str, str]) -> int:
@@ -158,12 +169,19 @@ def accepts(supported: tuple[str, ...], info: LaunchInfo) -> bool:
     """Whether a backend whose `launchers` are `supported` can run under the launcher that started `info`."""
     if info.launcher in supported:
         return True
+    if info.launcher == SRUN:
+        return bool(info.detail) and SRUN_MPI in supported
     return info.launcher == HOROVODRUN and info.detail == "mpi" and HOROVODRUN_MPI in supported
 
 
 def check_supported(backend: str, supported: tuple[str, ...], info: LaunchInfo) -> None:
     """Stop before any work when a backend is started under a launcher it cannot use."""
     if not accepts(supported, info):
+        if info.launcher == SRUN and SRUN_MPI in supported:
+            raise WrongLauncherError(
+                f"backend '{backend}' needs MPI under srun, and this srun has no MPI plugin (--mpi=none); "
+                f"start it with {SRUN_MPI_HINT}"
+            )
         started = f"{info.launcher} --{info.detail}" if info.launcher == HOROVODRUN and info.detail else info.launcher
         raise WrongLauncherError(
             f"backend '{backend}' cannot run under {started}; launch it with one of: {', '.join(supported)}"

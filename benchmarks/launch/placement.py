@@ -197,14 +197,17 @@ def record(policy: str | None, per_rank: list[dict[str, Any]]) -> dict[str, Any]
     """run.json `placement`: the policy, the cores the job could use, and each rank's affinity in rank order.
 
     `bound` says whether any rank ran on fewer cores than the job could use (a launcher's or --bind cores'
-    binding)."""
+    binding); under srun, `srun_cpu_bind` is srun's own binding (SLURM_CPU_BIND, e.g. `quiet,mask_cpu:0x1,0x2`)."""
     cpus = available()
-    return {
+    found = {
         "policy": policy or AS_LAUNCHED,
         "available": cpu_list(cpus),
         "bound": any(r["cpu_count"] < len(cpus) for r in per_rank),
         "per_rank": [{"rank": rank, **r} for rank, r in enumerate(per_rank)],
     }
+    if bind := os.environ.get("SLURM_CPU_BIND"):  # srun's --cpu-bind as it applied it (task/affinity)
+        found["srun_cpu_bind"] = bind
+    return found
 
 
 def summary(placement: dict[str, Any] | None) -> str | None:

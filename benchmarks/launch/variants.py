@@ -40,6 +40,9 @@ KNOWN = (
     Variant("horovod@gloo", "horovod", launch.HOROVODRUN, "gloo"),
     Variant("horovod@mpi", "horovod", launch.HOROVODRUN, "mpi"),
     Variant("horovod@mpirun", "horovod", launch.MPIRUN, "mpi"),
+    Variant("ddp@srun", "ddp", launch.SRUN),
+    Variant("fsdp@srun", "fsdp", launch.SRUN),
+    Variant("horovod@srun", "horovod", launch.SRUN, "mpi"),
     Variant("single", "single", launch.PYTHON),
 )
 BY_NAME = {v.name: v for v in KNOWN}
@@ -47,7 +50,7 @@ BY_NAME = {v.name: v for v in KNOWN}
 
 def label(backend: str, launcher: str, controller: str = "") -> str:
     """The variant a run belongs to, from what its run.json recorded; `backend@launcher` for a launch
-    compare does not make (ddp under srun or horovodrun --mpi, horovod under plain python)."""
+    compare does not make (ddp under horovodrun --mpi, horovod under plain python)."""
     for v in KNOWN:
         if (v.backend, v.launcher) == (backend, launcher) and (v.controller or "") == (controller or ""):
             return v.name

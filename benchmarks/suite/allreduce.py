@@ -27,11 +27,12 @@ from benchmarks.suite import compare as training_compare
 from benchmarks.suite import hosts
 from benchmarks.suite import jobs as processes
 
-# What each implementation can be started under. mpi4py needs MPI, which horovodrun gives only with --mpi.
+# What each implementation can be started under (launch.accepts' terms). mpi4py needs MPI, which horovodrun
+# gives only with --mpi and srun only with an MPI plugin.
 LAUNCHERS = {
     "torch": (launch.TORCHRUN, launch.MPIRUN, launch.SRUN, launch.PYTHON),
-    "horovod": (launch.HOROVODRUN, launch.MPIRUN, launch.PYTHON),
-    "mpi4py": (launch.MPIRUN, launch.HOROVODRUN, launch.PYTHON),
+    "horovod": (launch.HOROVODRUN, launch.MPIRUN, launch.SRUN_MPI, launch.PYTHON),
+    "mpi4py": (launch.MPIRUN, launch.HOROVODRUN_MPI, launch.SRUN_MPI, launch.PYTHON),
 }
 # --compare: implementation → (--impl, launcher); the name is the impl column and the run directory.
 VARIANTS = {
@@ -98,15 +99,17 @@ def validate(opts: AllreduceConfig) -> None:
 
 def check_launcher(impl: str, info: launch.LaunchInfo) -> None:
     """An implementation started under a launcher that cannot give it what it needs is bad input."""
+    if launch.accepts(LAUNCHERS[impl], info):
+        return
+    if info.launcher == launch.SRUN:
+        raise InputError(f"--impl {impl} needs MPI under srun, and this srun has none; use {launch.SRUN_MPI_HINT}")
     where = info.launcher + (f" --{info.detail}" if info.launcher == launch.HOROVODRUN else "")
-    gloo_only = impl == "mpi4py" and info.launcher == launch.HOROVODRUN and info.detail != "mpi"
-    if info.launcher not in LAUNCHERS[impl] or gloo_only:
-        fits = {
-            "torch": "torchrun, mpirun, srun or python",
-            "mpi4py": "mpirun, horovodrun --mpi or python",
-            "horovod": "horovodrun --gloo, horovodrun --mpi, mpirun or python",
-        }[impl]
-        raise InputError(f"--impl {impl} cannot run under {where}; launch it with {fits}")
+    fits = {
+        "torch": "torchrun, mpirun, srun or python",
+        "mpi4py": "mpirun, horovodrun --mpi, srun --mpi=pmix or python",
+        "horovod": "horovodrun --gloo, horovodrun --mpi, mpirun, srun --mpi=pmix or python",
+    }[impl]
+    raise InputError(f"--impl {impl} cannot run under {where}; launch it with {fits}")
 
 
 def command(args: argparse.Namespace) -> int:

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import catalog, config, errors, files
+from benchmarks import catalog, config, errors, files, launch
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
-from benchmarks.suite import hosts, precision, variants
+from benchmarks.suite import hosts, precision, slurm, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.options import add_arguments as add_arguments
 from benchmarks.suite.options import describe, effective_config, equal_buffers
@@ -133,6 +133,9 @@ def run_jobs(
                 attempt.interrupted = processes.record_interrupted(
                     root / run_id, supervisor.signal_name, f"distbench {label.split()[0]}"
                 )
+            elif attempt.returncode and job.variant.launcher == launch.SRUN:
+                if cancel := slurm.cancelled(supervisor.said.decode(errors="replace")):
+                    attempt.interrupted = processes.record_interrupted(root / run_id, why=cancel)
             results.mark_abandoned(root / run_id, f"the job exited {attempt.returncode} before the run completed")
             if attempt.interrupted:
                 print(f"[{label}] {name}{at} repeat {repeat + 1} interrupted", file=sys.stderr)
@@ -338,6 +341,7 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
     where = hosts.from_args(args, made)
     chosen = variants.parse(args.backends, args.launcher)
     sizes = variants.parse_nproc(args.nproc)
+    slurm.check(chosen, sizes, where.many)
     precision.check(args, default_two_stage=True)
     if args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got {args.repeats}")

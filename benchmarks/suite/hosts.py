@@ -36,6 +36,7 @@ from benchmarks.errors import InputError
 from benchmarks.launch import placement
 from benchmarks.launch.variants import Variant
 from benchmarks.suite import cluster as emulation
+from benchmarks.suite import slurm
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no")
 REACH_TIMEOUT_S = 20.0
@@ -113,6 +114,8 @@ class Hosts:
 
     def commands(self, variant: Variant, nproc: int, args: list[str], env: dict[str, str]) -> list[list[str]]:
         """The command lines (one per process to start here) that run `nproc` ranks of `distbench <args>`."""
+        if variant.launcher == launch.SRUN:  # a step of this allocation, wherever its nodes are
+            return [[*slurm.step(variant, nproc, int(env.get("OMP_NUM_THREADS", "1"))), *args]]
         if not self.slots:
             return [[*launcher_command(variant, nproc), *args]]
         module = [sys.executable, "-m", "benchmarks.cli", *args]

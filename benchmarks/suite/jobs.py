@@ -40,6 +40,7 @@ KILL_WAIT_S = 5.0
 PEER_S = 30.0
 """How long the other processes of a job of several (torchrun on each host) may outlive one that failed."""
 POLL_S = 0.25
+SAID_BYTES = 16384
 STARTUP_POLLS = 40
 """Polls (10 s) during which the tree is looked at every time; then every 2 s, which costs the measured
 runs next to nothing (a look lists every process, a few ms)."""
@@ -136,6 +137,9 @@ class Supervisor:
         self.signum: int | None = None
         """The first stop signal received, None while none has been."""
         self.tree: Tree | Forest | None = None
+        self.said = b""
+        """The last `SAID_BYTES` of what the last job wrote to stderr (every process of it), for its launcher's
+        own words on why it ended (e.g. Slurm's step cancelled)."""
         self._old: dict[int, object] = {}
         self._old_wakeup = -1
 
@@ -207,6 +211,7 @@ class Supervisor:
                 proc.wait()
             raise
         trees = [Tree(proc) for proc in procs]
+        self.said = b""
         self.tree = trees[0] if len(trees) == 1 else Forest(trees)
         tree = self.tree
         copiers = [threading.Thread(target=self._copy, args=(p.stderr, log), daemon=True) for p in procs]
@@ -260,6 +265,7 @@ class Supervisor:
         log: IO[bytes] | None = None
         try:
             while chunk := os.read(stream.fileno(), 65536):
+                self.said = (self.said + chunk)[-SAID_BYTES:]
                 if self.signum is None:
                     sys.stderr.buffer.write(chunk)
                     sys.stderr.flush()
@@ -279,9 +285,10 @@ class Supervisor:
         return f"distbench: interrupted; partial results in {self.root}"
 
 
-def record_interrupted(run_dir: Path, signame: str, command: str) -> bool:
+def record_interrupted(run_dir: Path, signame: str = "", command: str = "", why: str | None = None) -> bool:
     """Mark a run that an interrupt stopped as failed, `interrupted`, whatever its ranks managed to record
-    (`running`, or a peer's lost connection); False for a run that completed meanwhile, which stays so."""
+    (`running`, or a peer's lost connection); False for a run that completed meanwhile, which stays so.
+    `why` replaces the error's words for a stop that came from elsewhere (Slurm cancelling a step)."""
     from benchmarks.run import recorder
 
     path = run_dir / recorder.RUN_JSON
@@ -300,7 +307,7 @@ def record_interrupted(run_dir: Path, signame: str, command: str) -> bool:
             **seen,
             "status": "failed",
             "interrupted": True,
-            "error": f"interrupted: {signame} to {command} stopped the job",
+            "error": f"interrupted: {why or f'{signame} to {command} stopped the job'}",
         },
     )
     return True

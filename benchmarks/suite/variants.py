@@ -37,8 +37,11 @@ FORCED = {  # --launcher L applied to a bare name
     ("fsdp", launch.MPIRUN): "fsdp@mpirun",
     ("horovod", launch.HOROVODRUN): "horovod@gloo",
     ("horovod", launch.MPIRUN): "horovod@mpirun",
+    ("ddp", launch.SRUN): "ddp@srun",
+    ("fsdp", launch.SRUN): "fsdp@srun",
+    ("horovod", launch.SRUN): "horovod@srun",
 }
-FORCEABLE_LAUNCHERS = (launch.TORCHRUN, launch.HOROVODRUN, launch.MPIRUN)
+FORCEABLE_LAUNCHERS = (launch.TORCHRUN, launch.HOROVODRUN, launch.MPIRUN, launch.SRUN)
 
 
 def valid_names() -> str:

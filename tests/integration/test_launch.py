@@ -78,9 +78,8 @@ def test_wrong_launcher_stops_before_any_work(tmp_path) -> None:
     cmd = [*torchrun(1), "run", "--backend", "horovod", *TINY, "--out", str(tmp_path)]
     proc = run_cmd(cmd, timeout=100)
     assert proc.returncode != 0
-    assert "backend 'horovod' cannot run under torchrun; launch it with one of: horovodrun, mpirun, python" in (
-        proc.stderr
-    )
+    hint = "launch it with one of: horovodrun, mpirun, srun --mpi=pmix, python"
+    assert f"backend 'horovod' cannot run under torchrun; {hint}" in proc.stderr
     assert not any(tmp_path.iterdir())
 
 

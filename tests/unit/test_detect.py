@@ -95,3 +95,21 @@ def test_detect(env: dict[str, str], expected: launch.LaunchInfo) -> None:
 )
 def test_expand_slurm_nodelist(nodelist: str, hosts: list[str]) -> None:
     assert launch.expand_slurm_nodelist(nodelist) == hosts
+
+
+SRUN_ENV = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n1"}
+
+
+@pytest.mark.parametrize(("mpi_type", "detail"), [(None, ""), ("none", ""), ("pmix", "pmix"), ("pmix_v4", "pmix_v4")])
+def test_srun_records_its_mpi_plugin(mpi_type: str | None, detail: str) -> None:
+    env = {**SRUN_ENV, **({"SLURM_MPI_TYPE": mpi_type} if mpi_type else {})}
+    assert launch.detect(env).detail == detail
+
+
+def test_a_backend_that_needs_mpi_runs_under_srun_only_with_an_mpi_plugin() -> None:
+    supported = (launch.HOROVODRUN, launch.MPIRUN, launch.SRUN_MPI, launch.PYTHON)
+    launch.check_supported("horovod", supported, launch.detect({**SRUN_ENV, "SLURM_MPI_TYPE": "pmix"}))
+    with pytest.raises(launch.WrongLauncherError, match=r"needs MPI under srun.*srun --mpi=pmix"):
+        launch.check_supported("horovod", supported, launch.detect(SRUN_ENV))
+    # ddp takes its rendezvous from srun's variables, with or without a plugin
+    launch.check_supported("ddp", (launch.TORCHRUN, launch.SRUN), launch.detect(SRUN_ENV))

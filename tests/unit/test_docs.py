@@ -263,6 +263,7 @@ def check_command(line: str, full: bool = True) -> str | None:
         tokens = shlex.split(line, comments=True)
     except ValueError as exc:
         return f"shell syntax: {exc}"
+    tokens = [t for t in tokens if t != "$@"]  # a script passing its own arguments on
     if not tokens:
         return None
     program = Path(tokens[0]).name

@@ -9,7 +9,7 @@ import backends
 from benchmarks import cli, launch
 from benchmarks.errors import InputError
 from benchmarks.launch import variants as launch_variants
-from benchmarks.suite import compare, hosts, variants
+from benchmarks.suite import compare, hosts, slurm, variants
 
 
 def names(text: str | None, launcher: str | None = None) -> list[str]:
@@ -49,6 +49,7 @@ def test_launcher_applies_to_bare_names_only() -> None:
         (["--global-batch", "0"], "--global-batch must be a positive integer, got 0"),
         (["--global-batch", "-8"], "--global-batch must be a positive integer, got -8"),
         (["--cycle-time-ms", "0"], "--cycle-time-ms must be greater than 0"),
+        (["--backends", "ddp@srun"], "ddp@srun runs each job as a step of a Slurm allocation"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, argv, message) -> None:
@@ -104,17 +105,34 @@ def test_jobs_interleave_world_sizes_and_give_single_the_global_batch() -> None:
         ("horovod@mpi", ["horovodrun", "-np", "4", "--mpi"]),
         ("horovod@mpirun", ["mpirun", "-np", "4", "--oversubscribe"]),
         ("single", ["python", "-m", "benchmarks.cli"]),
+        ("ddp@srun", ["srun", "--exact", "--ntasks=4", "--cpus-per-task=2", "--cpu-bind=none", "--quit-on-interrupt"]),
+        ("horovod@srun", ["srun", "--exact", "--ntasks=4", "--mpi=pmix", "--kill-on-bad-exit=1"]),
     ],
 )
 def test_each_variant_starts_under_its_launcher(variant: str, words: list[str]) -> None:
-    cmd = hosts.launcher_command(launch_variants.BY_NAME[variant], 4)
+    [cmd] = hosts.Hosts().commands(launch_variants.BY_NAME[variant], 4, ["run"], {"OMP_NUM_THREADS": "2"})
     assert cmd[0].endswith(words[0]) and all(w in cmd for w in words[1:]), cmd
+    assert ("--mpi=pmix" in cmd) == (variant == "horovod@srun")
+
+
+def test_srun_variants_run_inside_an_allocation_of_enough_tasks() -> None:
+    steps = variants.parse("ddp@srun,horovod@srun")
+    inside = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}
+    slurm.check(steps, [2, 4], many_hosts=False, env=inside)
+    slurm.check(variants.parse("ddp@torchrun"), [2], many_hosts=False, env={})  # no @srun: no allocation needed
+    with pytest.raises(InputError, match="outside one"):
+        slurm.check(steps, [2], many_hosts=False, env={})
+    with pytest.raises(InputError, match="more than allocation 7's 4 tasks"):
+        slurm.check(steps, [8], many_hosts=False, env=inside)
+    with pytest.raises(InputError, match="leave out --hosts"):
+        slurm.check(steps, [2], many_hosts=True, env=inside)
+    assert names("ddp,horovod", "srun") == ["ddp@srun", "horovod@srun"]
 
 
 def test_run_json_maps_back_to_its_variant() -> None:
     for v in launch_variants.KNOWN:
         assert launch_variants.label(v.backend, v.launcher, v.controller) == v.name
-    assert launch_variants.label("ddp", "srun") == "ddp@srun"  # a launch compare does not make keeps its launcher
+    assert launch_variants.label("single", "srun") == "single"
     assert launch_variants.label("ddp", "horovodrun") == "ddp@horovodrun"
 
 
