@@ -74,13 +74,21 @@ def test_allreduce_bench_runs_under_srun(tmp_path, slurm, impl: str, horovod_ava
 
 
 @pytest.mark.timeout(120)
-def test_horovod_under_srun_without_mpi_is_said_once(tmp_path, slurm, horovod_available) -> None:
-    cmd = ["srun", "-n", "2", "--mpi=none", *CLI, "run", "--backend", "horovod", *RUN, "--out", str(tmp_path)]
+@pytest.mark.parametrize(
+    ("backend", "srun", "bad", "message"),
+    [
+        ("horovod", ["--mpi=none"], [], "srun --mpi=pmix"),
+        ("ddp", [], ["--lr", "0"], "--lr must be a positive number"),
+    ],
+    ids=["horovod-without-mpi", "ddp-bad-option"],
+)
+def test_bad_input_under_srun_is_said_once(tmp_path, slurm, backend, srun, bad, message, horovod_available) -> None:
+    cmd = ["srun", "-n", "2", *srun, *CLI, "run", "--backend", backend, *RUN, *bad, "--out", str(tmp_path)]
     proc = _run(slurm, cmd, 100)
     output = proc.stdout + proc.stderr
     lines = our_lines(output)
-    assert len(lines) == 1 and "srun --mpi=pmix" in lines[0], output
-    assert proc.returncode == 2, output
+    assert len(lines) == 1 and message in lines[0], output
+    assert proc.returncode == 2, output  # srun passes on the ranks' exit code
     no_rank_traceback(output)
     assert not any(tmp_path.iterdir())
 
