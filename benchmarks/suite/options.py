@@ -84,7 +84,8 @@ def add_variant_options(cmp: argparse.ArgumentParser, scaling: bool) -> None:
         choices=variants.FORCEABLE_LAUNCHERS,
         default=None,
         help="the launcher of every bare backend name in --backends (ddp: torchrun or mpirun; horovod: horovodrun "
-        "--gloo or mpirun; any of them: srun, inside a Slurm allocation); a BACKEND@LAUNCHER variant keeps its own, and single always runs under python "
+        "--gloo or mpirun; any of them: srun, inside a Slurm allocation); a BACKEND@LAUNCHER variant keeps its own, "
+        "and single always runs under python "
         f"(default: {', '.join(f'{b} → {v}' for b, v in variants.BARE.items())})",
     )
 
