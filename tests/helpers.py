@@ -6,6 +6,8 @@ so that no test module imports another.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -69,6 +71,20 @@ def run_ok(cmd: list[str], timeout: float = 120, **env: str) -> subprocess.Compl
         f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     )
     return proc
+
+
+def cli_here(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`distbench ARGS` called in this process (no launch: check, report, --help), as run_cmd returns it; a
+    fresh interpreter would spend seconds importing what this one has imported already."""
+    from benchmarks import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(args)
+        except SystemExit as exc:  # argparse's --help and usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["distbench", *args], code, out.getvalue(), err.getvalue())
 
 
 def read_run(run_dir: Path) -> dict[str, pd.DataFrame]:

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import BIN, CLI, REPO, horovodrun, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import BIN, REPO, cli_here, horovodrun, mpirun, run_cmd, run_ok, torchrun
 
 # The tutorial way: data made at import with an unseeded torch.randn, so every process has its own.
 TUTORIAL = textwrap.dedent("""
@@ -120,7 +120,7 @@ def test_compare_says_single_and_ddp_saw_the_same_inputs(tmp_path) -> None:
     ]
     assert prints[0]["train"] == prints[1]["train"] and prints[0]["initial_weights"] == prints[1]["initial_weights"]
     assert prints[1]["initial_weights_agree"] is True
-    assert run_cmd([*CLI, "check", str(tmp_path / "cmp")]).returncode == 0
+    assert cli_here(["check", str(tmp_path / "cmp")]).returncode == 0
 
 
 RANKED_WEIGHTS = textwrap.dedent("""

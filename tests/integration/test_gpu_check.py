@@ -24,6 +24,9 @@ def load(name: str):
     return module
 
 
+# The rehearsal of a GPU machine's `make gpu-check` (about 17 processes) runs in `make test-all`; the unit tests
+# of tests/unit/test_gpu_check.py check its steps' logic in `make test-fast`.
+@pytest.mark.full_matrix
 @pytest.mark.timeout(600)
 def test_every_gpu_check_step_runs_and_is_read_on_cpu(tmp_path, monkeypatch, horovod_available) -> None:
     gpu_check, gpu_bundle = load("gpu_check"), load("gpu_bundle")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, torchrun
+from tests.helpers import BIN, CLI, REPO, cli_here, horovodrun, launcher_env, mpirun, torchrun
 
 TINY = ["--workload", "linear", "--epochs", "30", "--warmup-steps", "1", "--compute-baseline-steps", "0", "--quiet"]
 GONE_WITHIN_S = 15
@@ -97,9 +97,9 @@ def _interrupt(proc: subprocess.Popen, watched: Path, marker: str, signum: int, 
 
 
 def _check_and_report(root: Path) -> None:
-    check = run_cmd([*CLI, "check", str(root)])
+    check = cli_here(["check", str(root)])
     assert check.returncode == 0, check.stdout + check.stderr
-    report = run_cmd([*CLI, "report", str(root), "--out", str(root / "again"), "--format", "md"])
+    report = cli_here(["report", str(root), "--out", str(root / "again"), "--format", "md"])
     assert report.returncode == 0, report.stderr
     assert (root / "again" / "report.md").is_file()
 
@@ -235,7 +235,7 @@ def test_sigint_to_tune_writes_tune_csv_with_the_interrupted_row(tmp_path) -> No
     assert list(tune.status) == ["completed", "interrupted"], tune
     _interrupted_meta(root / "sweep" / "ddp-p1-r0")
     assert not (root / "final").exists()
-    check = run_cmd([*CLI, "check", str(root)])
+    check = cli_here(["check", str(root)])
     assert check.returncode == 0, check.stdout
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.analysis import check
 from benchmarks.run import faults
-from tests.helpers import BIN, CLI, REPO, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import BIN, CLI, REPO, cli_here, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
 
 TIMEOUT = 10
 MARGIN = 45  # start-up of two ranks (torch, Horovod) and the launcher's own shutdown on 2 busy cores
@@ -232,10 +232,10 @@ def test_check_catches_unrecomputable_throughput(good_run, tmp_path) -> None:
 
 
 def test_check_command_exit_codes(good_run, tmp_path) -> None:
-    assert run_cmd([*CLI, "check", str(good_run)]).returncode == 0
+    assert cli_here(["check", str(good_run)]).returncode == 0
     run = _copy(good_run, tmp_path)
     (run / "loss.csv").write_text((run / "loss.csv").read_text() + "garbage,row\n")
-    proc = run_cmd([*CLI, "check", str(run)])
+    proc = cli_here(["check", str(run)])
     assert proc.returncode == 1 and "loss.csv:" in proc.stdout
 
 

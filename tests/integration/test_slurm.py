@@ -78,7 +78,7 @@ def test_allreduce_bench_runs_under_srun(tmp_path, slurm, impl: str, horovod_ava
     ("backend", "srun", "bad", "message"),
     [
         ("horovod", ["--mpi=none"], [], "srun --mpi=pmix"),
-        ("ddp", [], ["--lr", "0"], "--lr must be a positive number"),
+        pytest.param("ddp", [], ["--lr", "0"], "--lr must be a positive number", marks=pytest.mark.full_matrix),
     ],
     ids=["horovod-without-mpi", "ddp-bad-option"],
 )
@@ -129,6 +129,7 @@ def _compare_in_allocation(slurm: SlurmCluster, out: Path) -> tuple[subprocess.P
     return proc, compare
 
 
+@pytest.mark.full_matrix  # Ctrl-C to compare runs under mpirun in `make test` (test_interrupts.py)
 @pytest.mark.timeout(150)
 def test_ctrl_c_inside_an_allocation_stops_every_rank(tmp_path, slurm) -> None:
     proc, compare = _compare_in_allocation(slurm, tmp_path)
@@ -164,11 +165,15 @@ def test_the_docs_sbatch_script_runs_a_compare(tmp_path, slurm, horovod_availabl
     path = tmp_path / "compare.sbatch"
     path.write_text(script)
     log = tmp_path / "slurm-%j.out"
-    cmd = ["sbatch", "--wait", f"--output={log}", str(path), *COMPARE_FAST, "--out", str(tmp_path / "runs")]
-    proc = _run(slurm, cmd, 280)
-    [written] = tmp_path.glob("slurm-*.out")
-    said = written.read_text()
-    assert proc.returncode == 0, proc.stderr + said[-5000:]
+    cmd = ["sbatch", "--parsable", f"--output={log}", str(path), *COMPARE_FAST, "--out", str(tmp_path / "runs")]
+    proc = _run(slurm, cmd, 60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    deadline = time.monotonic() + 240  # sbatch --wait polls at growing intervals: looking here is quicker
+    while any(line.split()[0] == job for line in slurm.jobs()):
+        assert time.monotonic() < deadline, f"job {job} still queued or running"
+        time.sleep(0.5)
+    said = (tmp_path / f"slurm-{job}.out").read_text()
     assert re.search(r"^Decision \(", said, re.MULTILINE), said[-5000:]
     [root] = (tmp_path / "runs").iterdir()
     assert set(pd.read_csv(root / "comparison.csv").variant) == {"ddp@srun", "horovod@srun"}

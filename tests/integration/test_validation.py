@@ -118,6 +118,8 @@ def test_compare_eval_only_at_1_and_2_ranks_every_strategy(tmp_path: Path) -> No
     assert table.loc[("exact", 1), "note"] == "the base" and pd.notna(table.loc[("exact", 2), "speedup"])
 
 
+# Every strategy at 1 and 2 ranks runs in `make test` (above); at 3 ranks, where the sampler pads, in test-all.
+@pytest.mark.full_matrix
 @pytest.mark.timeout(420)
 def test_compare_3_ranks_every_strategy_trains_alike_and_reports_its_own_loss(tmp_path: Path) -> None:
     run_ok(

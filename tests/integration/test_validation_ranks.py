@@ -74,7 +74,7 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
         backend.shutdown()
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+@pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.full_matrix)])  # 3: test-all
 def ranked(request, tmp_path_factory) -> tuple[int, Path]:
     world, out = request.param, tmp_path_factory.mktemp(f"w{request.param}")
     mp.start_processes(_ranks, args=(world, rendezvous.free_port(), out), nprocs=world, start_method="spawn")
