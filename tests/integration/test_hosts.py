@@ -252,7 +252,12 @@ def test_a_link_taken_down_mid_run_fails_the_job_and_names_the_host(cluster: str
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores to confine a rank to one of them")
 @pytest.mark.parametrize(
-    "launcher", ["torchrun", pytest.param("mpirun", marks=pytest.mark.full_matrix), pytest.param("horovodrun", marks=pytest.mark.full_matrix)]
+    "launcher",
+    [
+        "torchrun",
+        pytest.param("mpirun", marks=pytest.mark.full_matrix),
+        pytest.param("horovodrun", marks=pytest.mark.full_matrix),
+    ],
 )
 @pytest.mark.timeout(120)
 def test_a_rank_confined_to_one_core_takes_one_thread(launcher: str, tmp_path: Path) -> None:
