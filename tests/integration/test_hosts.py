@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,3 +297,52 @@ def test_without_the_rights_one_line_says_what_is_missing(tmp_path: Path) -> Non
             "distbench: error: emulated hosts need root (or CAP_NET_ADMIN and CAP_SYS_ADMIN); run as root, or use "
             "--hosts with real ones"
         ]
+
+
+@needs_rights
+@across_hosts
+@pytest.mark.timeout(300)
+def test_a_slurm_node_per_emulated_host_runs_a_two_node_compare(cluster: str, tmp_path: Path) -> None:
+    """One slurmd per emulated host (its own name and address), slurmctld on h0: `salloc -N 2` there and a
+    compare of ddp@srun and horovod@srun whose steps put one rank on each host, as on a real cluster."""
+    from tests.slurm_cluster import SlurmCluster, missing
+
+    if why := missing():
+        pytest.skip(f"no test Slurm: {why}")
+    found = emulation.load(cluster)
+    assert found is not None
+    root = Path(tempfile.mkdtemp(prefix="distbench-slurm-", dir="/run"))  # not /tmp: h1 has its own
+    slurm = SlurmCluster(root, found)
+    try:
+        slurm.start()
+        assert slurm.states() == ["idle", "idle"]
+        compare = [
+            *CLI,
+            "compare",
+            "--backends",
+            "ddp@srun,horovod@srun",
+            *SHORT,
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "c",
+        ]
+        proc = subprocess.run(
+            slurm.command(["salloc", "-N", "2", "-n", "2", *compare]),
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=REPO,
+            env=slurm.env(launcher_env()),
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        for run_id in ("ddp-srun-r0", "horovod-srun-r0"):
+            meta = json.loads((tmp_path / "c" / run_id / "run.json").read_text())
+            assert meta["launcher"] == "srun" and meta["status"] == "completed"
+            assert [h["emulated"]["host"] for h in meta["hosts"]] == ["h0", "h1"]  # one rank on each node
+            assert [r["cpus"] for r in meta["placement"]["per_rank"]] == ["0", "1"]  # each its host's core
+    finally:
+        slurm.stop()
+        left = slurm.leftovers()
+        shutil.rmtree(root, ignore_errors=True)
+    assert not left, left

@@ -95,11 +95,11 @@ def test_bad_input_under_srun_is_said_once(tmp_path, slurm, backend, srun, bad, 
 
 @pytest.mark.timeout(300)
 def test_compare_inside_an_allocation_runs_each_job_as_a_step(tmp_path, slurm, horovod_available) -> None:
-    compare = [*CLI, "compare", "--backends", "ddp@srun,horovod@srun", *COMPARE_FAST]
+    compare = [*CLI, "compare", "--backends", "ddp@srun,fsdp@srun,horovod@srun", *COMPARE_FAST]
     proc = _run(slurm, ["salloc", "-n", "2", *compare, "--out", str(tmp_path), "--run-id", "c"], 280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     comparison = pd.read_csv(tmp_path / "c" / "comparison.csv")
-    assert list(comparison.variant) == ["ddp@srun", "horovod@srun"] * 2  # interleaved
+    assert list(comparison.variant) == ["ddp@srun", "fsdp@srun", "horovod@srun"] * 2  # interleaved
     assert (comparison.status == "completed").all()
     assert comparison.command.str.startswith("srun --exact --ntasks=2").all()
     assert {_meta(tmp_path / "c" / r)["launcher"] for r in comparison.run_id} == {"srun"}
