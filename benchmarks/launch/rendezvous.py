@@ -21,19 +21,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def share_rendezvous_over_mpi() -> tuple[str, int]:
-    """Agree on rank 0's address and a free port through MPI, so mpirun needs no MASTER_ADDR."""
+def share_rendezvous_over_mpi(one_host: bool) -> tuple[str, int]:
+    """Agree on rank 0's address and a free port through MPI, so mpirun needs no MASTER_ADDR. On one host
+    (`one_host`: every rank is local) the address is 127.0.0.1, so the hostname need not resolve."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    addr_port = (socket.gethostbyname(socket.gethostname()), free_port()) if comm.rank == 0 else None
+    if comm.rank == 0:
+        address = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+        addr_port: tuple[str, int] | None = (address, free_port())
+    else:
+        addr_port = None
     return comm.bcast(addr_port, root=0)
 
 
 def endpoint(info: LaunchInfo) -> tuple[str, int]:
     """The tcp:// address and port every rank of this job uses to form a process group."""
     if uses_mpi(info):
-        return share_rendezvous_over_mpi()
+        return share_rendezvous_over_mpi(info.local_world_size == info.world_size)
     if info.master_addr is None:  # plain python: a one-process group
         return "127.0.0.1", free_port()
     return info.master_addr, info.master_port or 29500

@@ -136,6 +136,8 @@ def run_jobs(
             elif attempt.returncode and job.variant.launcher == launch.SRUN:
                 if cancel := slurm.cancelled(supervisor.said.decode(errors="replace")):
                     attempt.interrupted = processes.record_interrupted(root / run_id, why=cancel)
+            if attempt.returncode and not attempt.signalled and not (root / run_id / results.RUN_JSON).exists():
+                processes.record_launcher_died(root / run_id, job.meta(run_id), attempt.returncode, supervisor.said)
             results.mark_abandoned(root / run_id, f"the job exited {attempt.returncode} before the run completed")
             if attempt.interrupted:
                 print(f"[{label}] {name}{at} repeat {repeat + 1} interrupted", file=sys.stderr)
@@ -181,7 +183,11 @@ def compare(
         t0 = time.perf_counter()
         phases = {"checks": first_job - started, f"{len(attempts)} jobs": t0 - first_job}
         table = write_comparison(root, attempts, jobs, scaling, plan)
-        write_report(root, table, {"plan": plan, "command": command, "memory_limit_mb": design.memory_limit_mb})
+        lost = None if supervisor.interrupted else never_completed(root)
+        if lost:
+            print(lost)
+        known = {"plan": plan, "command": command, "memory_limit_mb": design.memory_limit_mb}
+        write_report(root, table, known, decide=not lost)
         phases["table and report"] = time.perf_counter() - t0
         print(time_line(attempts, phases, time.perf_counter() - started))
         print(root)
@@ -191,15 +197,35 @@ def compare(
     return 0 if all(a.returncode == 0 for a in attempts) else 1
 
 
-def write_report(root: Path, table: str, known: dict[str, Any] | None = None) -> None:
-    """The report and decision.json; print the decision, then `table`, then the Why lines."""
+def never_completed(root: Path) -> str | None:
+    """The line that comes first when a variant of the compare has no completed run (comparison.csv): a
+    decision between the variants left would answer another question. None when every variant has one."""
+    import pandas as pd
+
+    rows = pd.read_csv(root / "comparison.csv")
+    lost = [v for v, runs in rows.groupby("variant", sort=False) if not (runs.status == "completed").any()]
+    if not lost:
+        return None
+    said = []
+    for variant in lost:
+        runs = rows[rows.variant == variant]
+        first = runs.error.dropna().iloc[0] if "error" in runs and runs.error.notna().any() else "no error recorded"
+        said.append(f"{variant} failed in all {len(runs)} of its runs ({first})")
+    return (
+        f"No decision: {'; '.join(said)}. Fix that and run the compare again; comparison.csv says how each run ended."
+    )
+
+
+def write_report(root: Path, table: str, known: dict[str, Any] | None = None, decide: bool = True) -> None:
+    """The report and decision.json; print the decision (unless not `decide`), then `table`, then the Why
+    lines."""
     try:
         said, why = report_and_decision([root], root, known)
     except FileNotFoundError:  # no run completed: nothing to plot
         print(table)
         print("[compare] no report: no run completed (comparison.csv says how each ended)", file=sys.stderr)
         return
-    print(f"{said}\n\n{table}" if said else table)
+    print(f"{said}\n\n{table}" if said and decide else table)
     if why:  # the report's plain-words reasons belong on the terminal too
         print(why)
     print(f"report: {root / 'report' / 'report.html'}")
@@ -342,6 +368,7 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
     chosen = variants.parse(args.backends, args.launcher)
     sizes = variants.parse_nproc(args.nproc)
     slurm.check(chosen, sizes, where.many)
+    hosts.check_hostname(chosen, where)
     precision.check(args, default_two_stage=True)
     if args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got {args.repeats}")

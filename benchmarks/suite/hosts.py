@@ -224,6 +224,25 @@ class Hosts:
         return f"host unreachable: {', '.join(lost)}" if lost else None
 
 
+def check_hostname(chosen: list[Variant], hosts: Hosts) -> None:
+    """On this machine alone, every launcher but Horovod's Gloo controller rendezvouses without the hostname
+    resolving (torchrun at --local-addr, mpirun's ranks at 127.0.0.1); Horovod 0.28.1 looks it up for its
+    process sets, and crashes (SIGSEGV) when it does not resolve. Say so before anything starts (InputError);
+    across hosts every name is resolved by `Hosts.check`."""
+    gloo = [v.name for v in chosen if v.launcher == launch.HOROVODRUN and v.controller == "gloo"]
+    if hosts.many or not gloo:
+        return
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+    except OSError:
+        raise InputError(
+            f"this machine's hostname {name} does not resolve, and {gloo[0]} needs it to (Horovod's Gloo "
+            f"controller looks it up); add '127.0.1.1 {name}' to /etc/hosts (docker run: --add-host "
+            f"{name}:127.0.1.1), or compare horovod@mpi instead"
+        ) from None
+
+
 def forwarded() -> dict[str, str]:
     """The variables of this environment that can change a measurement (benchmarks.environment's rule, secrets
     left out): handed to the ranks on other hosts too, which ssh and mpirun would not do, so that every rank
@@ -240,7 +259,16 @@ def launcher_command(variant: Variant, nproc: int) -> list[str]:
     if variant.launcher == launch.PYTHON:
         return module
     if variant.launcher == launch.TORCHRUN:
-        return [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "benchmarks.cli"]
+        # --local-addr: the ranks reach the agent's store at 127.0.0.1, not at this machine's hostname, which
+        # need not resolve on one host (a container, a pod): torchrun would retry it for minutes.
+        return [
+            str(bin_dir / "torchrun"),
+            "--standalone",
+            "--local-addr=127.0.0.1",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "benchmarks.cli",
+        ]
     if variant.launcher == launch.HOROVODRUN:  # --mpi: horovodrun adds --allow-run-as-root and -H localhost:N
         return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *module]
     if variant.launcher == launch.MPIRUN:

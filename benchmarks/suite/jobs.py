@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
@@ -311,3 +311,24 @@ def record_interrupted(run_dir: Path, signame: str = "", command: str = "", why:
         },
     )
     return True
+
+
+def last_said(said: bytes) -> str | None:
+    """The last line of a job's stderr that says something (a traceback's exception, a launcher's error), not
+    a rule of dashes; None when it said nothing."""
+    for line in reversed(said.decode(errors="replace").splitlines()):
+        line = line.strip()
+        if any(c.isalpha() for c in line):
+            return line
+    return None
+
+
+def record_launcher_died(run_dir: Path, meta: dict[str, Any], code: int, said: bytes) -> str:
+    """A run whose launcher exited `code` before any rank wrote run.json: its run directory, recorded failed
+    with the launcher's last line as the error (the table and comparison.csv show it). Returns the error."""
+    from benchmarks.run import recorder
+
+    line = last_said(said)
+    error = f"the launcher exited {code} before any rank started" + (f": {line}" if line else " (it said nothing)")
+    recorder.Recorder(run_dir, meta).finish("failed", error=error, launcher_failed=True)
+    return error

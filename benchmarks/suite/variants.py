@@ -155,6 +155,19 @@ class Job:
         launcher at one world size (torchrun alone would force 1), and the hosts' interface."""
         return {"OMP_NUM_THREADS": str(self.threads), **self.hosts.env()}
 
+    def meta(self, run_id: str) -> dict[str, object]:
+        """run.json's facts of one of its runs whose ranks never started (compare records that run failed)."""
+        return {
+            "run_id": run_id,
+            "backend": self.variant.backend,
+            "launcher": self.variant.launcher,
+            "launcher_detail": self.variant.controller,
+            "world_size": self.ranks,
+            "workload": self.cfg.workload,
+            "config": dataclasses.asdict(self.cfg),
+            "knobs": {"controller": self.variant.controller} if self.variant.controller else {},
+        }
+
     def commands(self, root: Path, run_id: str) -> list[list[str]]:
         """The command lines that start it: one here, or one per host (torchrun across hosts)."""
         return self.hosts.commands(self.variant, self.ranks, self.run_args(root, run_id), self.env())

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from benchmarks import catalog
-from tests.helpers import BARS, BIN, REPO, run_cmd, run_ok
+from tests.helpers import BARS, BIN, REPO, cli_here, our_lines, run_cmd, run_ok
 
 COMPARE = [str(BIN / "distbench"), "compare", "--quiet"]
 
@@ -87,6 +89,44 @@ def test_compare_survives_a_failing_backend(tmp_path) -> None:
     assert status == {"ddp": "completed", "horovod": "failed"}
     assert "FAILED" in proc.stdout and "ddp" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "out" / "cmp")
+
+
+@pytest.mark.timeout(240)
+def test_a_launcher_that_dies_before_its_ranks_is_a_failure_with_its_reason(tmp_path) -> None:
+    """horovodrun dies at once when it cannot make its cache folder under HOME (a container's user with no
+    home): run.json and the table carry its last line, and compare says first that the variant failed, with
+    no decision between the variants left."""
+    cmd = [*COMPARE, "--backends", "ddp,horovod@gloo", "--repeats", "1", "--workload", "mlp", "--steps-per-epoch", "4"]
+    proc = run_cmd([*cmd, "--out", str(tmp_path), "--run-id", "cmp"], 200, HOME="/proc/1")  # no one can write there
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    died = "the launcher exited 1 before any rank started: FileNotFoundError: [Errno 2] No such file or directory"
+    meta = meta_of(tmp_path / "cmp" / "horovod-gloo-r0")
+    assert meta["status"] == "failed" and meta["error"].startswith(died) and "/proc/1/.horovod" in meta["error"]
+    assert meta_of(tmp_path / "cmp" / "ddp-r0")["status"] == "completed"
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"No decision: horovod@gloo failed in all 1 of its runs ({died}"), proc.stdout
+    assert "Decision" not in proc.stdout, proc.stdout
+    assert f"horovod-gloo-r0/run.json: {died}" in proc.stdout  # the table's reason
+    assert cli_here(["check", str(tmp_path / "cmp")]).returncode == 0
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root for a hostname of its own (unshare)"
+)
+@pytest.mark.timeout(240)
+def test_on_one_host_no_launcher_needs_the_hostname_to_resolve(tmp_path) -> None:
+    """A container's or a pod's hostname may not resolve: torchrun and mpirun jobs complete all the same, and
+    horovod@gloo, which would crash in Horovod's own lookup, is refused in one line before anything starts."""
+    unresolved = ["unshare", "--uts", "sh", "-c", 'hostname distbench-nowhere && exec "$@"', "sh"]
+    cmd = [*COMPARE, "--backends", "ddp@torchrun,ddp@mpirun", "--repeats", "1", "--workload", "mlp"]
+    proc = run_cmd([*unresolved, *cmd, "--steps-per-epoch", "4", "--out", str(tmp_path), "--run-id", "c"], 200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert set(pd.read_csv(tmp_path / "c" / "comparison.csv").status) == {"completed"}
+    refused = run_cmd([*unresolved, *COMPARE, "--backends", "horovod@gloo", "--out", str(tmp_path / "r")], 60)
+    lines = our_lines(refused.stderr)
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "hostname distbench-nowhere does not resolve" in lines[0] and "/etc/hosts" in lines[0]
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.timeout(300)

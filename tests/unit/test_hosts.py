@@ -146,3 +146,19 @@ def test_software_under_tmp_stays_visible_on_every_host(tmp_path: Path, monkeypa
     kept = cluster.kept_in_tmp()
     assert str(clone.resolve()) in kept
     assert not [k for k in kept if k != str(clone.resolve()) and Path(k).is_relative_to(clone.resolve())]
+
+
+def test_horovod_gloo_on_one_host_needs_a_hostname_that_resolves(monkeypatch) -> None:
+    gloo, others = [BY_NAME["horovod@gloo"]], [BY_NAME["ddp@torchrun"], BY_NAME["horovod@mpi"]]
+    hosts.check_hostname(gloo, hosts.Hosts())  # this machine's name resolves
+
+    def no_such_name(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(hosts.socket, "gethostname", lambda: "distbench-nowhere")
+    monkeypatch.setattr(hosts.socket, "getaddrinfo", no_such_name)
+    hosts.check_hostname(others, hosts.Hosts())  # torchrun and mpirun rendezvous at 127.0.0.1 on one host
+    with pytest.raises(
+        InputError, match=r"hostname distbench-nowhere does not resolve.*127\.0\.1\.1 distbench-nowhere"
+    ):
+        hosts.check_hostname(gloo, hosts.Hosts())
