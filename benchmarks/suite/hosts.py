@@ -133,6 +133,7 @@ class Hosts:
         if variant.launcher == launch.HOROVODRUN:
             nic = ["--network-interface", self.iface] if self.iface else []
             run = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(nproc), "-H", self.host_list(nproc)]
+            run += horovodrun_cache()
             return [self.on(0, [*run, f"--{variant.controller}", *nic, *module], env)]
         if variant.launcher == launch.MPIRUN:
             return [self.on(0, self.mpirun(nproc, env, module), env)]
@@ -270,10 +271,21 @@ def launcher_command(variant: Variant, nproc: int) -> list[str]:
             "benchmarks.cli",
         ]
     if variant.launcher == launch.HOROVODRUN:  # --mpi: horovodrun adds --allow-run-as-root and -H localhost:N
-        return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *module]
+        return [str(bin_dir / "horovodrun"), "-np", str(nproc), f"--{variant.controller}", *horovodrun_cache(), *module]
     if variant.launcher == launch.MPIRUN:
         return [*mpirun_base(nproc), *module]
     raise ValueError(f"no launch command for {variant.name}")
+
+
+def horovodrun_cache() -> list[str]:
+    """horovodrun keeps the results of its start-up checks in ~/.horovod and dies when it cannot make that
+    folder (a container's user with no home, a read-only root): `--disable-cache` then, which costs only the
+    checks being made again."""
+    try:
+        (Path(os.path.expanduser("~")) / ".horovod").mkdir(exist_ok=True)
+    except OSError:
+        return ["--disable-cache"]
+    return []
 
 
 def mpirun_base(nproc: int) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -313,14 +314,15 @@ def record_interrupted(run_dir: Path, signame: str = "", command: str = "", why:
     return True
 
 
+SAYS_WHY = re.compile(r"error|exception|not found|no such|denied|unable|cannot|failed", re.IGNORECASE)
+
+
 def last_said(said: bytes) -> str | None:
-    """The last line of a job's stderr that says something (a traceback's exception, a launcher's error), not
-    a rule of dashes; None when it said nothing."""
-    for line in reversed(said.decode(errors="replace").splitlines()):
-        line = line.strip()
-        if any(c.isalpha() for c in line):
-            return line
-    return None
+    """The last line of a job's stderr that names a failure (a traceback's exception, a launcher's error;
+    advice printed after it is passed over), else its last line with words; None when it said nothing."""
+    lines = [line.strip() for line in said.decode(errors="replace").splitlines()]
+    worded = [line for line in lines if any(c.isalpha() for c in line)]
+    return next((line for line in reversed(worded) if SAYS_WHY.search(line)), worded[-1] if worded else None)
 
 
 def record_launcher_died(run_dir: Path, meta: dict[str, Any], code: int, said: bytes) -> str:

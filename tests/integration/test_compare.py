@@ -93,20 +93,29 @@ def test_compare_survives_a_failing_backend(tmp_path) -> None:
 
 @pytest.mark.timeout(240)
 def test_a_launcher_that_dies_before_its_ranks_is_a_failure_with_its_reason(tmp_path) -> None:
-    """horovodrun dies at once when it cannot make its cache folder under HOME (a container's user with no
-    home): run.json and the table carry its last line, and compare says first that the variant failed, with
-    no decision between the variants left."""
-    cmd = [*COMPARE, "--backends", "ddp,horovod@gloo", "--repeats", "1", "--workload", "mlp", "--steps-per-epoch", "4"]
-    proc = run_cmd([*cmd, "--out", str(tmp_path), "--run-id", "cmp"], 200, HOME="/proc/1")  # no one can write there
+    """With no home to write (a container's user) and no mpirun on PATH: horovodrun --gloo runs all the same
+    (compare passes --disable-cache, as it cannot make ~/.horovod), horovodrun --mpi dies before any rank
+    starts — run.json and the table carry its last error line, and compare says first that the variant
+    failed, with no decision between the variants left."""
+    cmd = [*COMPARE, "--backends", "ddp,horovod@gloo,horovod@mpi", "--repeats", "1", "--workload", "mlp"]
+    cmd += ["--steps-per-epoch", "4", "--out", str(tmp_path), "--run-id", "cmp"]
+    proc = run_cmd(cmd, 200, HOME="/proc/1", PATH=str(BIN))  # no one can write in /proc/1
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    died = "the launcher exited 1 before any rank started: FileNotFoundError: [Errno 2] No such file or directory"
-    meta = meta_of(tmp_path / "cmp" / "horovod-gloo-r0")
-    assert meta["status"] == "failed" and meta["error"].startswith(died) and "/proc/1/.horovod" in meta["error"]
+    died = "the launcher exited 1 before any rank started: Exception: horovod does not find an installed MPI."
+    meta = meta_of(tmp_path / "cmp" / "horovod-mpi-r0")
+    assert (meta["status"], meta["error"], meta["launcher_failed"]) == ("failed", died, True)
     assert meta_of(tmp_path / "cmp" / "ddp-r0")["status"] == "completed"
+    assert meta_of(tmp_path / "cmp" / "horovod-gloo-r0")["status"] == "completed"
+    commands = dict(
+        zip(*pd.read_csv(tmp_path / "cmp" / "comparison.csv")[["variant", "command"]].T.values, strict=True)
+    )
+    assert "--disable-cache" in commands["horovod@gloo"] and "--disable-cache" not in commands["ddp@torchrun"]
     first = proc.stdout.splitlines()[0]
-    assert first.startswith(f"No decision: horovod@gloo failed in all 1 of its runs ({died}"), proc.stdout
+    assert first == f"No decision: horovod@mpi failed in all 1 of its runs ({died}). " + (
+        "Fix that and run the compare again; comparison.csv says how each run ended."
+    ), proc.stdout
     assert "Decision" not in proc.stdout, proc.stdout
-    assert f"horovod-gloo-r0/run.json: {died}" in proc.stdout  # the table's reason
+    assert f"horovod-mpi-r0/run.json: {died}" in proc.stdout  # the table's reason
     assert cli_here(["check", str(tmp_path / "cmp")]).returncode == 0
 
 
