@@ -206,11 +206,13 @@ def never_completed(root: Path) -> str | None:
     lost = [v for v, runs in rows.groupby("variant", sort=False) if not (runs.status == "completed").any()]
     if not lost:
         return None
+    from benchmarks.analysis import rundir
+
     said = []
     for variant in lost:
         runs = rows[rows.variant == variant]
-        first = runs.error.dropna().iloc[0] if "error" in runs and runs.error.notna().any() else "no error recorded"
-        said.append(f"{variant} failed in all {len(runs)} of its runs ({first})")
+        meta = rundir.read_or_none(root / str(runs.run_id.iloc[0])) or {}
+        said.append(f"{variant} failed in all {len(runs)} of its runs ({meta.get('error') or 'no error recorded'})")
     return (
         f"No decision: {'; '.join(said)}. Fix that and run the compare again; comparison.csv says how each run ended."
     )

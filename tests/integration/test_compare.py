@@ -93,13 +93,18 @@ def test_compare_survives_a_failing_backend(tmp_path) -> None:
 
 @pytest.mark.timeout(240)
 def test_a_launcher_that_dies_before_its_ranks_is_a_failure_with_its_reason(tmp_path) -> None:
-    """With no home to write (a container's user) and no mpirun on PATH: horovodrun --gloo runs all the same
+    """With no home to write (a container's user) and a broken mpirun first on PATH: horovodrun --gloo runs all the same
     (compare passes --disable-cache, as it cannot make ~/.horovod), horovodrun --mpi dies before any rank
     starts — run.json and the table carry its last error line, and compare says first that the variant
     failed, with no decision between the variants left."""
     cmd = [*COMPARE, "--backends", "ddp,horovod@gloo,horovod@mpi", "--repeats", "1", "--workload", "mlp"]
     cmd += ["--steps-per-epoch", "4", "--out", str(tmp_path), "--run-id", "cmp"]
-    proc = run_cmd(cmd, 200, HOME="/proc/1", PATH=str(BIN))  # no one can write in /proc/1
+    broken = tmp_path / "broken-mpi"  # an mpirun that fails even `mpirun --version`, as a broken MPI would
+    broken.mkdir()
+    (broken / "mpirun").write_text("#!/bin/sh\nexit 1\n")
+    (broken / "mpirun").chmod(0o755)
+    path = f"{broken}:{BIN}:{os.environ.get('PATH', '')}"
+    proc = run_cmd(cmd, 200, HOME="/proc/1", PATH=path)  # no one can write in /proc/1
     assert proc.returncode == 1, proc.stdout + proc.stderr
     died = "the launcher exited 1 before any rank started: Exception: horovod does not find an installed MPI."
     meta = meta_of(tmp_path / "cmp" / "horovod-mpi-r0")
