@@ -52,11 +52,19 @@ def _groups_of(marker: str) -> set[int]:
     return {g for pgid, sid, cmd in _processes().values() if marker in cmd for g in (pgid, sid)}
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _has_rows(path: Path, rows: int) -> bool:
+    """`path` exists and holds at least `rows` lines after its header (0: it exists)."""
+    try:
+        return len(path.read_text().splitlines()) > rows if rows else path.exists()
+    except FileNotFoundError:
+        return False
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120, rows: int = 0) -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"exited {proc.returncode} before {path} appeared: {proc.communicate()}"
-        assert time.monotonic() < deadline, f"{path} never appeared"
+    while not _has_rows(path, rows):
+        assert proc.poll() is None, f"exited {proc.returncode} before {path} had {rows} row(s): {proc.communicate()}"
+        assert time.monotonic() < deadline, f"{path} never had {rows} row(s)"
         time.sleep(0.1)
 
 
@@ -81,9 +89,12 @@ def _start(cmd: list[str]) -> subprocess.Popen:
     )
 
 
-def _interrupt(proc: subprocess.Popen, watched: Path, marker: str, signum: int, group: bool = False) -> str:
-    """Signal `proc` once `watched` exists; check the job is gone within the limit; return stderr."""
-    _wait_for(watched, proc)
+def _interrupt(
+    proc: subprocess.Popen, watched: Path, marker: str, signum: int, group: bool = False, rows: int = 0
+) -> str:
+    """Signal `proc` once `watched` exists (with `rows` data rows); check the job is gone within the limit;
+    return stderr."""
+    _wait_for(watched, proc, rows=rows)
     time.sleep(0.5)  # the job's ranks are up and recording
     groups = _groups_of(marker)
     assert groups, "no process of the job was found"
@@ -140,9 +151,11 @@ def test_sigint_to_compare_stops_the_job_and_keeps_what_completed(tmp_path, laun
         ]
     )
     slug = VARIANTS[launcher].replace("@", "-")
-    _interrupt(proc, root / f"{slug}-r1" / "run.json", str(root), signal.SIGINT)
+    # Signalled once the second run has finished an epoch (loss.csv has a row) and has 29 to go: its
+    # run.json alone appeared, under load, so late that the run could complete before its ranks stopped.
+    err = _interrupt(proc, root / f"{slug}-r1" / "loss.csv", str(root), signal.SIGINT, rows=1)
     comparison = pd.read_csv(root / "comparison.csv")
-    assert list(comparison.status) == ["completed", "interrupted"], comparison
+    assert list(comparison.status) == ["completed", "interrupted"], (comparison, err)
     _interrupted_meta(root / f"{slug}-r1")
     assert (root / "report" / "report.html").is_file()  # the report of what completed
     _check_and_report(root)
