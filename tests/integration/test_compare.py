@@ -33,6 +33,9 @@ def _shadow_horovod(tmp_path: Path) -> str:
     return f"{tmp_path / 'shadow'}:{REPO}"
 
 
+# compare's workload presets end to end: the default (the transformer's) in `make test` below, cnn's here
+# `full_matrix` (every workload's defaults are checked to learn in tests/unit/test_compare_workload_defaults.py).
+@pytest.mark.full_matrix
 @pytest.mark.timeout(200)
 def test_compare_with_a_workload_uses_its_defaults_and_it_learns(tmp_path) -> None:
     """compare --workload cnn once ran the transformer's sizes and lr and ended below chance."""
@@ -143,6 +146,10 @@ def test_on_one_host_no_launcher_needs_the_hostname_to_resolve(tmp_path) -> None
     assert not (tmp_path / "r").exists()
 
 
+# compare × launcher: `make test` compares under every launcher in test_placement.py (ddp@mpirun among
+# them) and stops an mpirun compare in test_interrupts.py; `--launcher mpirun` for both backends, one more
+# pair, is `full_matrix`.
+@pytest.mark.full_matrix
 @pytest.mark.timeout(300)
 def test_compare_both_backends_under_mpirun(tmp_path, horovod_available) -> None:
     cmd = [
@@ -200,7 +207,7 @@ def test_single_in_a_compare_trains_on_the_same_global_batch(tmp_path) -> None:
         "--run-id",
         "cmp",
     ]
-    run_ok(cmd, timeout=180)
+    proc = run_ok(cmd, timeout=180)
     ddp, single = meta_of(tmp_path / "cmp" / "ddp-r0"), meta_of(tmp_path / "cmp" / "single-r0")
     assert (single["world_size"], single["config"]["batch_size"]) == (1, 2 * ddp["config"]["batch_size"])
     assert single["global_batch"] == ddp["global_batch"]
@@ -210,3 +217,9 @@ def test_single_in_a_compare_trains_on_the_same_global_batch(tmp_path) -> None:
     ]
     assert len(curves[0]) == len(curves[1]) == 8
     assert abs(curves[0].to_numpy() - curves[1].to_numpy()).max() < 1e-5
+    # ... because they saw the same inputs, which compare says (run.json's fingerprints, benchmarks.run.fingerprint).
+    assert "inputs: the same data and initial weights in all 2 runs (run.json fingerprints)" in proc.stdout
+    assert single["fingerprint"]["train"] == ddp["fingerprint"]["train"]
+    assert single["fingerprint"]["initial_weights"] == ddp["fingerprint"]["initial_weights"]
+    assert ddp["fingerprint"]["initial_weights_agree"] is True
+    assert cli_here(["check", str(tmp_path / "cmp")]).returncode == 0

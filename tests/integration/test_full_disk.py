@@ -126,6 +126,9 @@ def test_a_rank_on_a_full_disk_fails_its_run_cleanly(tmp_path) -> None:
         assert_nothing_half_written(disk.path)
 
 
+# A full disk at each level: a rank's run (above) in `make test`; compare's report, the same writer behind one
+# more job, is `full_matrix`.
+@pytest.mark.full_matrix
 @pytest.mark.timeout(300)
 def test_compare_on_a_full_disk_says_one_line_and_keeps_its_runs(tmp_path) -> None:
     """The runs fit, the report does not: one line naming the file and what was kept, exit 1, no half-written

@@ -56,12 +56,26 @@ def compare_job(variant: str, root: Path, bind: str | None = None) -> tuple[list
     return job.command(root, "r"), {"OMP_NUM_THREADS": str(job.threads)}
 
 
+# variant: (launcher, launcher_detail, Horovod's controller) as run.json must record them. One job per launcher
+# is read for both its placement and its launch (test_launch.py runs the launches compare does not make).
+LAUNCHED_AS = {
+    "ddp@torchrun": ("torchrun", None, None),
+    "ddp@mpirun": ("mpirun", None, None),
+    "horovod@gloo": ("horovodrun", "gloo", "gloo"),
+    "horovod@mpi": ("horovodrun", "mpi", "mpi"),
+}
+
+
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", ["ddp@torchrun", "ddp@mpirun", "horovod@gloo", "horovod@mpi"])
+@pytest.mark.parametrize("variant", list(LAUNCHED_AS))
 def test_compare_runs_every_launcher_unbound(tmp_path, variant: str, horovod_available) -> None:
     cmd, env = compare_job(variant, tmp_path)
     run_ok(cmd, 180, **env, NCCL_DEBUG="INFO")
     meta = meta_of(tmp_path / "r")
+    launcher, detail, controller = LAUNCHED_AS[variant]
+    assert (meta["launcher"], meta["world_size"], meta["status"]) == (launcher, 2, "completed")
+    if controller:  # the launcher's own flag and the controller Horovod initialised agree
+        assert (meta["launcher_detail"], meta["knobs"]["controller"]) == (detail, controller)
     found = meta["placement"]
     assert (found["policy"], found["available"], found["bound"]) == ("none", EVERY_CORE, False), found
     assert [r["cpus"] for r in found["per_rank"]] == [EVERY_CORE, EVERY_CORE]
@@ -113,8 +127,10 @@ def test_horovodrun_refuses_a_given_option_the_environment_contradicts(tmp_path,
     assert not any(tmp_path.iterdir())  # refused before any process group: no run directory
 
 
+# `make test` exports the thread count under torchrun, the launcher that would otherwise set its own
+# (OMP_NUM_THREADS=1); under mpirun it is `full_matrix`.
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("mpirun", marks=pytest.mark.full_matrix), "torchrun"])
 def test_an_exported_thread_count_is_adopted_or_refused(tmp_path, launcher: str) -> None:
     start = mpirun(2) if launcher == "mpirun" else torchrun(2)
     run = [*start, "run", "--backend", "ddp", *TINY, "--out", str(tmp_path)]

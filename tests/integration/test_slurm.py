@@ -25,6 +25,7 @@ RUN = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "6", "--warmup
 COMPARE_FAST = ["--workload", "mlp", "--steps-per-epoch", "6", "--warmup-steps", "1", "--repeats", "2", "--quiet"]
 LONG = ["--workload", "linear", "--epochs", "60", "--warmup-steps", "1", "--compute-baseline-steps", "0", "--quiet"]
 MPI = {"ddp": [], "fsdp": [], "horovod": ["--mpi=pmix"]}
+EVERY_SRUN = "ddp@srun,fsdp@srun,horovod@srun"
 
 
 def _run(slurm: SlurmCluster, cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -43,8 +44,12 @@ def _ranks_of(marker: str) -> list[str]:
     ]
 
 
+# A plain run under srun: `make test` runs horovod (MPI through pmix); ddp and fsdp run under srun in
+# `make test` as the sbatch compare's steps, and as plain runs here in `make test-all` (`full_matrix`).
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", ["ddp", "fsdp", "horovod"])
+@pytest.mark.parametrize(
+    "backend", [pytest.param(b, marks=pytest.mark.full_matrix) for b in ("ddp", "fsdp")] + ["horovod"]
+)
 def test_every_backend_runs_under_srun(tmp_path, slurm, backend: str, horovod_available) -> None:
     srun = ["srun", "-n", "2", *MPI[backend]]
     proc = _run(slurm, [*srun, *CLI, "run", "--backend", backend, *RUN, "--out", str(tmp_path), "--run-id", "r"], 100)
@@ -93,17 +98,25 @@ def test_bad_input_under_srun_is_said_once(tmp_path, slurm, backend, srun, bad, 
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.timeout(300)
-def test_compare_inside_an_allocation_runs_each_job_as_a_step(tmp_path, slurm, horovod_available) -> None:
-    compare = [*CLI, "compare", "--backends", "ddp@srun,fsdp@srun,horovod@srun", *COMPARE_FAST]
-    proc = _run(slurm, ["salloc", "-n", "2", *compare, "--out", str(tmp_path), "--run-id", "c"], 280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    comparison = pd.read_csv(tmp_path / "c" / "comparison.csv")
-    assert list(comparison.variant) == ["ddp@srun", "fsdp@srun", "horovod@srun"] * 2  # interleaved
+def _each_job_a_step(root: Path, said: str) -> None:
+    """The compare of EVERY_SRUN in `root` ran each job as a step of its allocation, interleaved, decided."""
+    comparison = pd.read_csv(root / "comparison.csv")
+    assert list(comparison.variant) == EVERY_SRUN.split(",") * 2  # interleaved
     assert (comparison.status == "completed").all()
     assert comparison.command.str.startswith("srun --exact --ntasks=2").all()
-    assert {_meta(tmp_path / "c" / r)["launcher"] for r in comparison.run_id} == {"srun"}
-    assert re.search(r"^Decision \(", proc.stdout, re.MULTILINE), proc.stdout
+    assert {_meta(root / r)["launcher"] for r in comparison.run_id} == {"srun"}
+    assert re.search(r"^Decision \(", said, re.MULTILINE), said[-5000:]
+
+
+# Compare inside an allocation runs in `make test` as the docs' sbatch script (below); inside `salloc`, the
+# same compare in another kind of allocation, it is `full_matrix`.
+@pytest.mark.full_matrix
+@pytest.mark.timeout(300)
+def test_compare_inside_an_allocation_runs_each_job_as_a_step(tmp_path, slurm, horovod_available) -> None:
+    compare = [*CLI, "compare", "--backends", EVERY_SRUN, *COMPARE_FAST]
+    proc = _run(slurm, ["salloc", "-n", "2", *compare, "--out", str(tmp_path), "--run-id", "c"], 280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    _each_job_a_step(tmp_path / "c", proc.stdout)
     assert not slurm.jobs()
 
 
@@ -165,7 +178,9 @@ def test_the_docs_sbatch_script_runs_a_compare(tmp_path, slurm, horovod_availabl
     path = tmp_path / "compare.sbatch"
     path.write_text(script)
     log = tmp_path / "slurm-%j.out"
-    cmd = ["sbatch", "--parsable", f"--output={log}", str(path), *COMPARE_FAST, "--out", str(tmp_path / "runs")]
+    # The script's own options first, then what the test adds: every backend (a later --backends wins).
+    added = ["--backends", EVERY_SRUN, *COMPARE_FAST, "--out", str(tmp_path / "runs"), "--run-id", "c"]
+    cmd = ["sbatch", "--parsable", f"--output={log}", str(path), *added]
     proc = _run(slurm, cmd, 60)
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
@@ -173,7 +188,4 @@ def test_the_docs_sbatch_script_runs_a_compare(tmp_path, slurm, horovod_availabl
     while any(line.split()[0] == job for line in slurm.jobs()):
         assert time.monotonic() < deadline, f"job {job} still queued or running"
         time.sleep(0.5)
-    said = (tmp_path / f"slurm-{job}.out").read_text()
-    assert re.search(r"^Decision \(", said, re.MULTILINE), said[-5000:]
-    [root] = (tmp_path / "runs").iterdir()
-    assert set(pd.read_csv(root / "comparison.csv").variant) == {"ddp@srun", "horovod@srun"}
+    _each_job_a_step(tmp_path / "runs" / "c", (tmp_path / f"slurm-{job}.out").read_text())

@@ -1,4 +1,4 @@
-"""`distbench tune` end to end on a 2 × 2 grid: it picks the argmax of its own tune.csv."""
+"""`distbench tune` end to end on a 2 × 1 and a 2 × 2 grid: it picks the argmax of its own tune.csv."""
 
 from __future__ import annotations
 
@@ -26,10 +26,23 @@ TINY = [
 ]
 
 
+# `make test` tunes over one knob's two values; the 2 × 2 grid (two knobs crossed) is `full_matrix`.
+GRIDS = {  # shape: (the grid's knobs, its points as (bucket_cap_mb, gradient_as_bucket_view), DDP's default point)
+    "2x1": ("bucket_cap_mb = [1, 25]", {(1.0, False), (25.0, False)}, "bucket_cap_mb=25"),
+    "2x2": (
+        "bucket_cap_mb = [1, 25]\ngradient_as_bucket_view = [false, true]",
+        {(1.0, False), (1.0, True), (25.0, False), (25.0, True)},
+        "bucket_cap_mb=25 gradient_as_bucket_view=False",
+    ),
+}
+
+
 @pytest.mark.timeout(240)
-def test_tune_on_a_two_by_two_grid_picks_the_argmax_of_its_tune_csv(tmp_path) -> None:
+@pytest.mark.parametrize("shape", ["2x1", pytest.param("2x2", marks=pytest.mark.full_matrix)])
+def test_tune_on_a_two_by_two_grid_picks_the_argmax_of_its_tune_csv(tmp_path, shape: str) -> None:
+    knobs, points, default = GRIDS[shape]
     grid = tmp_path / "grid.toml"
-    grid.write_text("[ddp]\nbucket_cap_mb = [1, 25]\ngradient_as_bucket_view = [false, true]\n")
+    grid.write_text(f"[ddp]\n{knobs}\n")
     cmd = [
         str(BIN / "distbench"),
         "tune",
@@ -52,19 +65,15 @@ def test_tune_on_a_two_by_two_grid_picks_the_argmax_of_its_tune_csv(tmp_path) ->
     proc = run_ok(cmd, timeout=220)
     root = tmp_path / "t"
     sweep = pd.read_csv(root / "tune.csv")
-    assert len(sweep) == 4 and (sweep.status == "completed").all()
-    assert set(zip(sweep.bucket_cap_mb, sweep.gradient_as_bucket_view, strict=True)) == {
-        (1.0, False),
-        (1.0, True),
-        (25.0, False),
-        (25.0, True),
-    }
+    assert len(sweep) == len(points) and (sweep.status == "completed").all()
+    views = sweep.get("gradient_as_bucket_view", pd.Series(False, sweep.index)).fillna(False).astype(bool)
+    assert set(zip(sweep.bucket_cap_mb, views, strict=True)) == points
     argmax = sweep.loc[sweep.samples_per_s.idxmax()]  # one repeat: a point's mean is its run
     assert sweep.best.sum() == 1 and sweep.loc[sweep.best, "point"].item() == argmax.point
     tuned = pd.read_csv(root / "tuned.csv").set_index("variant")
     assert tuned.loc["ddp@torchrun", "best"] == argmax.point
     # Either the default won the sweep, or one final repeat gives no interval: the default is kept, and why is said.
-    default_won = argmax.point == "bucket_cap_mb=25 gradient_as_bucket_view=False"
+    default_won = argmax.point == default
     why = "the default is the sweep's best" if default_won else "no interval"
     assert tuned.loc["ddp@torchrun", "kept"] == "default" and why in tuned.loc["ddp@torchrun", "why"]
     final = pd.read_csv(root / "final" / "comparison.csv")
@@ -73,7 +82,7 @@ def test_tune_on_a_two_by_two_grid_picks_the_argmax_of_its_tune_csv(tmp_path) ->
     if "best" in expect:  # the best point's knobs reached the run
         flags = final.loc[final.setting == "best", "command"].item()
         assert f"--bucket-cap-mb {argmax.bucket_cap_mb}" in flags or argmax.bucket_cap_mb == 25.0
-        assert ("--gradient-as-bucket-view" in flags) == bool(argmax.gradient_as_bucket_view)
+        assert ("--gradient-as-bucket-view" in flags) == bool(views[argmax.name])
     assert "default vs tuned" in proc.stdout and proc.stdout.strip().splitlines()[-1] == str(root)
     md = (root / "report" / "report.md").read_text()
     assert "## Default vs tuned (distbench tune)" in md
