@@ -6,6 +6,13 @@
 #   make test-rest  only the rest (-m full_matrix): what test-all adds to test (CI runs test, then this)
 #   make test-fast  the in-process unit tests (under a minute; those that start processes run in make test)
 #   make lint    ruff and the import layering (lint-imports)
+#   make image   the image distbench:cpu from this checkout (make # The image for real (tests/docker): a daemon without a bridge where none runs, the image built from this
+# checkout, doctor, a compare as an unknown user into a mount, docker stop mid-compare; nothing left after.
+test-docker: setup
+	docker/install-system-deps.sh docker
+	$(VENV)/bin/pytest tests/docker $(PYTEST_ARGS)
+
+image-cuda: distbench:cuda)
 #   make stress  the tests of signals, launchers and timeouts, STRESS_N times each in a row (default 10);
 #                one failure in them is a race: fix it, never retry it
 #   make notebook  results/compare.ipynb executed headless from here; the executed copy goes to NOTEBOOK_OUT
@@ -21,7 +28,7 @@ PY         := $(VENV)/bin/python
 # The stamp's name carries TORCH_SPEC, so a different spec re-runs the install.
 STAMP      := $(VENV)/.distbench-deps-$(shell echo '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
 
-.PHONY: setup horovod demo test test-all test-rest test-fast stress lint clean
+.PHONY: setup horovod demo test test-all test-rest test-fast stress lint clean image image-cuda test-docker
 
 $(PY):
 	$(PYTHON3) -m venv $(VENV)
@@ -68,6 +75,22 @@ STRESS_TESTS ?= tests/unit/test_guard.py tests/unit/test_jobs.py tests/integrati
 
 stress: setup
 	$(VENV)/bin/pytest --count $(STRESS_N) $(STRESS_TESTS) $(PYTEST_ARGS)
+
+# The image from this checkout (docker/Dockerfile; docs/install.md): it says what is missing (no engine, no
+# daemon) in one line, and makes a Debian base (docker/make-base.sh) where the default cannot be pulled.
+image:
+	docker/build-image.sh distbench:cpu
+
+# The image for real (tests/docker): a daemon without a bridge where none runs, the image built from this
+# checkout, doctor, a compare as an unknown user into a mount, docker stop mid-compare; nothing left after.
+test-docker: setup
+	docker/install-system-deps.sh docker
+	$(VENV)/bin/pytest tests/docker $(PYTEST_ARGS)
+
+image-cuda:
+	BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04 docker/build-image.sh distbench:cuda \
+	    --build-arg BUILD_BASE=nvidia/cuda:12.8.1-devel-ubuntu22.04 \
+	    --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

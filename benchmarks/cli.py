@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
+import os
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import backends
-from benchmarks import config, files
+from benchmarks import config, environment, files
 from benchmarks.config import RunConfig
 from benchmarks.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError, bad_input, error
 
@@ -247,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if (out := getattr(args, "out", None)) and (said := environment.out_outside_mounts(str(out))):
+        print(f"distbench: warning: {said}", file=sys.stderr, flush=True)
+        os.environ[environment.OUT_SAID] = "1"  # once: not again from the processes this one starts
     try:
         code = args.func(args)
     except KeyboardInterrupt:  # before a command's own handling is in place (imports, checks): nothing ran

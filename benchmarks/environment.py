@@ -307,3 +307,41 @@ def adopt_for_run(
             f"{TRACE_TIMELINE}={env[TRACE_TIMELINE]}; unset {TRACE_TIMELINE} or leave out --trace"
         )
     return cfg, options, {**adopted, **more}
+
+
+IN_CONTAINER = "DISTBENCH_IN_CONTAINER"
+"""Set to 1 by distbench's image (docker/Dockerfile): results written outside a mount die with the container."""
+OUT_SAID = "DISTBENCH_OUT_SAID"
+"""Set once the warning below was said, so the processes this one starts (compare's jobs, a launcher's ranks)
+do not say it again."""
+
+
+_RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_RANK")
+"""Each launcher's rank variable."""
+
+
+def _mount_point(path: str, mountinfo: str) -> str:
+    """The mount point under which `path` lies (the longest one that contains it), from /proc's mountinfo."""
+    points = [line.split()[4] for line in mountinfo.splitlines() if len(line.split()) > 4]
+    inside = [p for p in points if path == p or path.startswith(p.rstrip("/") + "/")]
+    return max(inside, key=len, default="/")
+
+
+def out_outside_mounts(out: str, env: Mapping[str, str] = os.environ, mountinfo: str | None = None) -> str | None:
+    """In distbench's image, the warning for an --out that lies in the container's own file system, else None."""
+    if env.get(IN_CONTAINER) != "1" or env.get(OUT_SAID) == "1":
+        return None
+    if any(env.get(rank, "0") != "0" for rank in _RANKS):  # rank 0 says it for the job
+        return None
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo") as file:
+                mountinfo = file.read()
+        except OSError:
+            return None
+    if _mount_point(os.path.abspath(out), mountinfo) != "/":
+        return None
+    return (
+        f"--out {out} is inside the container, not on a mounted directory: the results are deleted with the "
+        'container (mount one: docker run -v "$PWD/results:/out" … --out /out)'
+    )

@@ -227,3 +227,23 @@ def test_the_report_lists_the_variables_and_placement_that_differ(tmp_path) -> N
     assert "environment OMP_NUM_THREADS" not in differing.index
     facts = context.backend_facts(rs).set_index("")
     assert facts.loc["CPU placement"].tolist() == ["none: every rank on 0-1", "cores: every rank on 0-1"]
+
+
+MOUNTS = """\
+22 1 0:45 / / rw,relatime - overlay overlay rw
+23 22 0:46 / /proc rw - proc proc rw
+31 22 8:1 /srv/runs /out rw,relatime - ext4 /dev/sda1 rw
+"""
+
+
+def test_out_outside_a_mount_is_said_in_the_image_only_and_on_rank_0() -> None:
+    image = {environment.IN_CONTAINER: "1"}
+    said = environment.out_outside_mounts("/tmp/results", image, MOUNTS)
+    assert said and "deleted with the container" in said and "-v" in said
+    assert environment.out_outside_mounts("/out/c", image, MOUNTS) is None  # on the mount
+    assert environment.out_outside_mounts("/out", image, MOUNTS) is None
+    assert environment.out_outside_mounts("/outside", image, MOUNTS)  # a prefix of a mount point is not inside it
+    assert environment.out_outside_mounts("/tmp/results", {}, MOUNTS) is None  # not distbench's image
+    assert environment.out_outside_mounts("/tmp/r", {**image, environment.OUT_SAID: "1"}, MOUNTS) is None
+    assert environment.out_outside_mounts("/tmp/r", {**image, "RANK": "1"}, MOUNTS) is None
+    assert environment.out_outside_mounts("/tmp/r", {**image, "RANK": "0"}, MOUNTS)
