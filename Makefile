@@ -6,13 +6,8 @@
 #   make test-rest  only the rest (-m full_matrix): what test-all adds to test (CI runs test, then this)
 #   make test-fast  the in-process unit tests (under a minute; those that start processes run in make test)
 #   make lint    ruff and the import layering (lint-imports)
-#   make image   the image distbench:cpu from this checkout (make # The image for real (tests/docker): a daemon without a bridge where none runs, the image built from this
-# checkout, doctor, a compare as an unknown user into a mount, docker stop mid-compare; nothing left after.
-test-docker: setup
-	docker/install-system-deps.sh docker
-	$(VENV)/bin/pytest tests/docker $(PYTEST_ARGS)
-
-image-cuda: distbench:cuda)
+#   make image   the image distbench:cpu from this checkout (make image-cuda: distbench:cuda)
+#   make test-docker  the image built and run for real (tests/docker; starts dockerd without a bridge)
 #   make stress  the tests of signals, launchers and timeouts, STRESS_N times each in a row (default 10);
 #                one failure in them is a race: fix it, never retry it
 #   make notebook  results/compare.ipynb executed headless from here; the executed copy goes to NOTEBOOK_OUT
