@@ -43,6 +43,14 @@ def test_world_sizes_spread_evenly_within_slots() -> None:
         two.check_sizes([6])
 
 
+@pytest.fixture(autouse=True)
+def _no_settings_of_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables that can change a measurement are forwarded to other hosts too; a machine that sets some
+    of its own (OPENBLAS_CORETYPE, say) would add them to every command line these tests read."""
+    for name in hosts.forwarded():
+        monkeypatch.delenv(name)
+
+
 def fake_cluster() -> cluster.Cluster:
     made = [cluster.Host(f"h{i}", f"distbench-x-h{i}", f"169.254.100.{i + 1}", str(i), False) for i in range(2)]
     return cluster.Cluster("x", "1gbit", 10**9, made, "distbench-x-sw", "now")
