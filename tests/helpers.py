@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -116,6 +117,13 @@ BAD_INPUT_LAUNCHERS = {
     "horovodrun": (lambda: horovodrun(2, "--gloo"), "horovod", 1),
     "mpirun": (lambda: mpirun(2), "ddp", 2),
 }
+
+
+def one_in_make_test(values: list[str], kept: str) -> list:
+    """`values` as pytest parameters, all but `kept` marked `full_matrix`: a second instance of a behaviour
+    (another launcher for the same refusal) is left to `make test-all` (docs/development.md, two tiers)."""
+    assert kept in values
+    return [v if v == kept else pytest.param(v, marks=pytest.mark.full_matrix) for v in values]
 
 
 def our_lines(output: str) -> list[str]:

@@ -17,7 +17,19 @@ import pytest
 
 from benchmarks.analysis import check
 from benchmarks.run import faults
-from tests.helpers import BIN, CLI, REPO, cli_here, horovodrun, launcher_env, mpirun, run_cmd, run_ok, torchrun
+from tests.helpers import (
+    BIN,
+    CLI,
+    REPO,
+    cli_here,
+    horovodrun,
+    launcher_env,
+    mpirun,
+    one_in_make_test,
+    run_cmd,
+    run_ok,
+    torchrun,
+)
 
 TIMEOUT = 10
 MARGIN = 45  # start-up of two ranks (torch, Horovod) and the launcher's own shutdown on 2 busy cores
@@ -44,7 +56,7 @@ LAUNCHERS = {
 # `make test` runs each fault mode under the one launcher named here (a covering design: every mode once,
 # every launcher under two or three); the other pairs are marked `full_matrix`, left to `make test-all`.
 # Where a test below already puts a mode under a launcher, the mode's pair here is another: torchrun meets
-# `exception` in test_a_fault_on_a_rank_names_that_rank_and_its_error, torchrun and mpirun `sigkill` in
+# `exception` in test_a_fault_on_a_rank_names_that_rank_and_its_error, torchrun `sigkill` in
 # test_a_killed_rank_is_not_blamed_on_rank_0. A new mode in faults.MODES fails collection until it has one.
 DEFAULT_LAUNCHER_OF_MODE = {
     "exception": "mpirun-ddp",
@@ -119,7 +131,8 @@ def test_a_fault_on_a_rank_names_that_rank_and_its_error(tmp_path) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("launcher", ["torchrun-ddp", "mpirun-ddp"])
+# torchrun in make test; mpirun, whose kill is the same sigkill@4:1, in make test-all.
+@pytest.mark.parametrize("launcher", one_in_make_test(["torchrun-ddp", "mpirun-ddp"], "torchrun-ddp"))
 def test_a_killed_rank_is_not_blamed_on_rank_0(tmp_path, launcher: str) -> None:
     prefix, backend = LAUNCHERS[launcher]
     cmd = [
