@@ -370,7 +370,7 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
     chosen = variants.parse(args.backends, args.launcher)
     sizes = variants.parse_nproc(args.nproc)
     slurm.check(chosen, sizes, where.many)
-    hosts.check_hostname(chosen, where)
+    chosen = hosts.check_hostname(chosen, where, asked=args.backends is not None)
     precision.check(args, default_two_stage=True)
     if args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got {args.repeats}")

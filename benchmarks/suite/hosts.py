@@ -225,23 +225,34 @@ class Hosts:
         return f"host unreachable: {', '.join(lost)}" if lost else None
 
 
-def check_hostname(chosen: list[Variant], hosts: Hosts) -> None:
+def check_hostname(chosen: list[Variant], hosts: Hosts, asked: bool = True) -> list[Variant]:
     """On this machine alone, every launcher but Horovod's Gloo controller rendezvouses without the hostname
-    resolving (torchrun at --local-addr, mpirun's ranks at 127.0.0.1); Horovod 0.28.1 looks it up for its
-    process sets, and crashes (SIGSEGV) when it does not resolve. Say so before anything starts (InputError);
-    across hosts every name is resolved by `Hosts.check`."""
-    gloo = [v.name for v in chosen if v.launcher == launch.HOROVODRUN and v.controller == "gloo"]
+    resolving (torchrun at --local-addr, mpirun's ranks at 127.0.0.1); Horovod 0.28.1 resolves it for each
+    process set's Gloo device whatever HOROVOD_GLOO_IFACE says, and crashes (SIGSEGV) when it does not
+    resolve. A Gloo variant the user `asked` for is refused before anything starts (InputError); the default
+    set leaves it out, in one line, so that a container without a network still compares the rest. Across
+    hosts every name is resolved by `Hosts.check`. Returns the variants to run."""
+    gloo = [v for v in chosen if v.launcher == launch.HOROVODRUN and v.controller == "gloo"]
     if hosts.many or not gloo:
-        return
+        return chosen
     name = socket.gethostname()
     try:
         socket.getaddrinfo(name, None)
+        return chosen
     except OSError:
+        pass
+    fix = f"add '127.0.1.1 {name}' to /etc/hosts (docker run: --hostname localhost, or --add-host {name}:127.0.1.1)"
+    if asked:
         raise InputError(
-            f"this machine's hostname {name} does not resolve, and {gloo[0]} needs it to (Horovod's Gloo "
-            f"controller looks it up); add '127.0.1.1 {name}' to /etc/hosts (docker run: --add-host "
-            f"{name}:127.0.1.1), or compare horovod@mpi instead"
-        ) from None
+            f"this machine's hostname {name} does not resolve, and {gloo[0].name} needs it to (Horovod's Gloo "
+            f"controller looks it up); {fix}, or compare horovod@mpi instead"
+        )
+    print(
+        f"distbench: warning: this machine's hostname {name} does not resolve, which Horovod's Gloo controller "
+        f"needs: {', '.join(v.name for v in gloo)} left out of the default variants; to compare it, {fix}",
+        file=sys.stderr,
+    )
+    return [v for v in chosen if v not in gloo]
 
 
 def forwarded() -> dict[str, str]:

@@ -156,7 +156,7 @@ def test_software_under_tmp_stays_visible_on_every_host(tmp_path: Path, monkeypa
     assert not [k for k in kept if k != str(clone.resolve()) and Path(k).is_relative_to(clone.resolve())]
 
 
-def test_horovod_gloo_on_one_host_needs_a_hostname_that_resolves(monkeypatch) -> None:
+def test_horovod_gloo_on_one_host_needs_a_hostname_that_resolves(monkeypatch, capsys) -> None:
     gloo, others = [BY_NAME["horovod@gloo"]], [BY_NAME["ddp@torchrun"], BY_NAME["horovod@mpi"]]
     hosts.check_hostname(gloo, hosts.Hosts())  # this machine's name resolves
 
@@ -170,3 +170,8 @@ def test_horovod_gloo_on_one_host_needs_a_hostname_that_resolves(monkeypatch) ->
         InputError, match=r"hostname distbench-nowhere does not resolve.*127\.0\.1\.1 distbench-nowhere"
     ):
         hosts.check_hostname(gloo, hosts.Hosts())
+    assert capsys.readouterr().err == ""
+    # The default variants go on without it, saying so once.
+    assert hosts.check_hostname([*gloo, *others], hosts.Hosts(), asked=False) == others
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "horovod@gloo left out of the default variants" in err and "--hostname" in err
