@@ -7,7 +7,7 @@
 #   make test-fast  the in-process unit tests (under a minute; those that start processes run in make test)
 #   make lint    ruff and the import layering (lint-imports)
 #   make image   the image distbench:cpu from this checkout (make image-cuda: distbench:cuda)
-#   make test-docker  the image built and run for real (tests/docker; starts dockerd without a bridge)
+#   make test-docker  the image built and run for real (tests/docker, also in test-all; starts dockerd without a bridge)
 #   make stress  the tests of signals, launchers and timeouts, STRESS_N times each in a row (default 10);
 #                one failure in them is a race: fix it, never retry it
 #   make notebook  results/compare.ipynb executed headless from here; the executed copy goes to NOTEBOOK_OUT
@@ -49,13 +49,15 @@ demo: setup
 # launcher) beyond its covering design. pytest's summary says how many tests it left to test-all; a -m in
 # PYTEST_ARGS replaces the tier's.
 test: setup
-	$(VENV)/bin/pytest tests/unit tests/integration -m 'not full_matrix' $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/unit tests/integration tests/docker -m 'not full_matrix' $(PYTEST_ARGS)
 
 test-all: setup
-	$(VENV)/bin/pytest tests/unit tests/integration $(PYTEST_ARGS)
+	docker/install-system-deps.sh docker
+	$(VENV)/bin/pytest tests/unit tests/integration tests/docker $(PYTEST_ARGS)
 
 test-rest: setup
-	$(VENV)/bin/pytest tests/unit tests/integration -m full_matrix $(PYTEST_ARGS)
+	docker/install-system-deps.sh docker
+	$(VENV)/bin/pytest tests/unit tests/integration tests/docker -m full_matrix $(PYTEST_ARGS)
 
 # In-process tests only (tests/unit without those marked `processes`): run them after every change.
 test-fast: setup
