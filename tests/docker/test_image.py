@@ -145,4 +145,7 @@ def test_docker_stop_mid_compare_records_the_run_interrupted(image: str, tmp_pat
     assert code.strip() == "130", code
     meta = json.loads((out / "c" / "ddp-r0" / "run.json").read_text())
     assert meta["status"] == "failed" and meta["interrupted"] is True, meta
-    assert not _docker("ps", "-aq", "--filter", f"name={name}").stdout.strip()  # --rm removed it
+    deadline = time.monotonic() + 30  # --rm removes it after `docker wait` has seen it exit
+    while _docker("ps", "-aq", "--filter", f"name={name}").stdout.strip():
+        assert time.monotonic() < deadline, f"container {name} left after docker stop"
+        time.sleep(0.2)
