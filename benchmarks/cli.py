@@ -1,4 +1,4 @@
-"""`distbench` command line: run, compare, report, check, allreduce, doctor.
+"""`distbench` command line: run, compare, report, check, allreduce, project, cluster, doctor.
 
 distbench doctor                                   what this machine can run
 torchrun --standalone --nproc-per-node 2 -m benchmarks.cli run --backend ddp --workload mlp
@@ -8,6 +8,7 @@ distbench report results/runs/<compare-id>         tables, plots, report.md/html
 distbench check results/runs/*                     validate result files against the contract
 distbench allreduce --compare                      allreduce time and bandwidth by message size, per implementation
 distbench cluster up --hosts 2 --link 1gbit        emulated hosts on this machine (root); compare --cluster dbc
+distbench project results/runs/<compare-id> --ranks 8,64,512 --link 25gbit   step time projected to N ranks (a model)
 """
 
 from __future__ import annotations
@@ -159,6 +160,53 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def parse_ranks(text: str) -> list[int]:
+    """--ranks '8,64,512' → [8, 64, 512]: each a whole number of 1 or more."""
+    try:
+        ranks = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        ranks = []
+    if not ranks or ranks[0] < 1:
+        raise InputError(f"--ranks takes world sizes of 1 or more separated by commas, such as 8,64,512; got {text!r}")
+    return ranks
+
+
+def _cmd_project(args: argparse.Namespace) -> int:
+    from benchmarks.analysis import costmodel, load, project, projection_view
+    from benchmarks.launch import network
+
+    try:
+        if problem := path_problem([args.path]):
+            raise InputError(problem)
+        ranks = parse_ranks(args.ranks)
+        if (args.link is None) == (args.allreduce is None):
+            raise InputError(
+                "give the cost of communication: --allreduce DIR (a `distbench allreduce --compare` directory made "
+                "where the compare ran) or --link RATE [--latency T] (a network you do not have), one of the two"
+            )
+        if args.link is not None:
+            rate = network.parse_rate(args.link)
+            if rate is None:
+                raise InputError("--link needs a rate here (an unlimited link costs nothing); e.g. --link 25gbit")
+            latency = network.parse_latency(args.latency)
+            costs = project.Costs(link=costmodel.link(rate, latency, f"link {args.link}, latency {args.latency}"))
+        else:
+            if problem := path_problem([args.allreduce]):
+                raise InputError(
+                    problem.replace("a run directory or a compare directory", "a distbench allreduce directory")
+                )
+            costs = project.Costs(fitted=project.fits_from(Path(args.allreduce)))
+        document, table = project.make(Path(args.path), ranks, costs)
+    except (InputError, FileNotFoundError, load.SchemaError, ValueError) as exc:
+        error(str(exc))
+        return EXIT_BAD_INPUT
+    out = Path(args.out) if args.out else Path(args.path) / "projection"
+    projection_view.write(out, document, table)
+    print("\n".join(projection_view.words(document)))
+    print(out)
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from benchmarks import environment
 
@@ -240,6 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster.add_arguments(emulate)
     emulate.set_defaults(func=cluster.command)
+
+    proj = sub.add_parser(
+        "project", help="project each variant's step time to N ranks from a compare's measurements (a model)"
+    )
+    proj.add_argument("path", help="a compare directory (results/runs/<id>) whose runs have a compute baseline")
+    proj.add_argument("--ranks", default="8,64,512", help="world sizes to project to (default: 8,64,512)")
+    proj.add_argument(
+        "--allreduce", help="a `distbench allreduce --compare` directory: costs fitted per implementation"
+    )
+    proj.add_argument("--link", help="instead: a link's rate (25gbit, 100mbit, …), every collective at its cost")
+    proj.add_argument("--latency", default="5us", help="with --link: one ring step's latency (default: 5us)")
+    proj.add_argument("--out", help="output directory (default: <PATH>/projection)")
+    proj.set_defaults(func=_cmd_project)
 
     doctor = sub.add_parser("doctor", help="print versions and what Horovod was built with")
     doctor.set_defaults(func=_cmd_doctor)

@@ -26,6 +26,7 @@ from benchmarks.analysis import (
     evaluation,
     figures,
     load,
+    projection_view,
     rundir,
     tables,
     terminal,
@@ -135,6 +136,9 @@ def write(
     if len(validated):
         sections["Distributed validation (per strategy and world size; docs/evaluation.md)"] = validated
     sections.update(explained.tables)
+    projected = projection_view.report_section(paths, out)
+    if projected is not None:
+        sections[f"{projection_view.LABEL.capitalize()}: step time at N ranks (`distbench project`)"] = projected[1]
     sections.update(extra or {})
     sections["Per run"] = per_run
     pooled = context.pooled_settings(rs)
@@ -143,7 +147,7 @@ def write(
     page = Page(
         headline=context.headline(rs, per_run),
         decision=decided,
-        images=[image for image in [*images, *explained.images] if image is not None],
+        images=[image for image in [*images, *explained.images, projected and projected[0]] if image is not None],
         why=explained.sentences,
         summary=summary,
         tables=sections,

@@ -7,10 +7,14 @@ A leaf, torch-free: the harness and the allreduce sweep record it the same way.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from typing import Any
 
+from benchmarks.errors import InputError
 from benchmarks.launch import emulated, placement
+
+UNLIMITED = "unlimited"
 
 IFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include")
 """Where each framework is told its network interface (compare sets them, horovodrun's --network-interface and
@@ -41,3 +45,22 @@ def record(hosts: list[dict[str, Any]]) -> dict[str, Any]:
         "link": link,
         "emulated": bool(first.get("emulated")),
     }
+
+
+def parse_rate(text: str, option: str = "--link") -> int | None:
+    """'1gbit', '100mbit', '2.5gbit', '500kbit' → bits per second; 'unlimited' → None."""
+    text = str(text).strip().lower()
+    if text == UNLIMITED:
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", text)
+    if not match or float(match.group(1)) <= 0:
+        raise InputError(f"{option} takes a rate such as 1gbit, 10gbit, 100mbit or 'unlimited'; got {text!r}")
+    return int(float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)])
+
+
+def parse_latency(text: str) -> float:
+    """'5us', '0.5ms', '20ns', '0' → seconds: one hop's latency, for a link one does not have."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ns|us|ms|s)?", str(text).strip().lower())
+    if not match or (match.group(2) is None and float(match.group(1)) != 0):
+        raise InputError(f"--latency takes a time with its unit such as 5us, 0.5ms or 0; got {text!r}")
+    return float(match.group(1)) * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, None: 0.0}[match.group(2)]

@@ -320,6 +320,8 @@ def run(
         if watchdog.orphaned():  # between the watchdog's looks: still not a run anybody is waiting for
             raise guard.LauncherGone(parent)
         if recorder is not None:
+            if trainer.baseline is not None:
+                recorder.meta["compute_baseline"] = trainer.baseline
             recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
             with failure.recording:  # a signal now waits for the write, and finds the run completed
                 recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)

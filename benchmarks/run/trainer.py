@@ -5,7 +5,9 @@ steps, exact validation; and --eval-only's few untimed steps before timed valida
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from torch import nn
 
 from backends.base import Backend
 from benchmarks.config import RunConfig
-from benchmarks.run import data, faults, guard, memory, phases, progress, sharding, validation, workloads
+from benchmarks.run import data, faults, guard, memory, phases, progress, ready, sharding, validation, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.validation import VALIDATION_BUFFERS
 
@@ -23,6 +25,8 @@ __all__ = ["VALIDATION_BUFFERS", "Trainer", "make_optimizer"]
 
 BASELINE_WARMUP_STEPS = 2
 """Untimed steps before the compute baseline: its fresh optimizer allocates momentum buffers once."""
+BASELINE_PHASES = ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s")
+"""run.json `compute_baseline`: the median of each over the baseline's steps, each step its slowest rank's."""
 
 
 OPTIMIZERS = {
@@ -82,6 +86,8 @@ class Trainer:
         self.timed_wall_s = 0.0
         self.compute_step_s: list[float] = []
         """The slowest rank's time of each compute-baseline step (empty when it is off)."""
+        self.baseline: dict[str, Any] | None = None
+        """run.json `compute_baseline`: its phases and the gradient-ready schedule (None when it is off)."""
         self.progress: progress.tqdm | progress.LineProgress | None = None
         if recorder is not None:
             recorder.meta["validation_buffers"] = VALIDATION_BUFFERS
@@ -101,11 +107,17 @@ class Trainer:
         return steps[: cfg.steps_per_epoch] if cfg.steps_per_epoch is not None else steps
 
     def train_step(
-        self, micro_batches: list[list[int]], epoch: int, bare: tuple[nn.Module, Any] | None = None
+        self,
+        micro_batches: list[list[int]],
+        epoch: int,
+        bare: tuple[nn.Module, Any] | None = None,
+        around_last_backward: tuple[Callable[[], None], Callable[[], None]] | None = None,
     ) -> dict[str, Any]:
         """One optimizer step, timed phase by phase; nothing here talks to other ranks.
 
         `bare`: a model and optimizer to step instead, outside the backend (the compute baseline).
+        `around_last_backward`: called just before and just after the last micro-batch's backward (the
+        gradient-ready schedule's clock).
         """
         model, optimizer = bare or (self.model, self.optimizer)
         k = len(micro_batches)
@@ -121,7 +133,11 @@ class Trainer:
                 per_sample = self.workload.loss(out, y)
                 loss = per_sample.mean() / k
                 timer.lap("forward")
+                if last and around_last_backward is not None:
+                    around_last_backward[0]()
                 loss.backward()
+                if last and around_last_backward is not None:
+                    around_last_backward[1]()
                 timer.lap("backward")
             kept.append((per_sample.detach(), out.detach(), y))
         optimizer.step()
@@ -242,9 +258,22 @@ class Trainer:
         for i in range(BASELINE_WARMUP_STEPS + n):
             row = self.train_step(steps[i % len(steps)], 0, bare)
             if i >= BASELINE_WARMUP_STEPS:
-                mine.append(row["step_s"])
+                mine.append([row[k] for k in BASELINE_PHASES])
             self._beat()
-        return [max(times) for times in zip(*self.backend.all_gather_object(mine), strict=True)]
+        taken = iter(range(BASELINE_WARMUP_STEPS + n, BASELINE_WARMUP_STEPS + n + ready.READY_STEPS))
+
+        def clocked(begin: Callable[[], None], end: Callable[[], None]) -> None:
+            self.train_step(steps[next(taken) % len(steps)], 0, bare, (begin, end))
+            self._beat()
+
+        schedule = ready.measure(model, clocked, self.device)  # steps of its own, after the timed ones
+        slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*self.backend.all_gather_object(mine), strict=True)]
+        self.baseline = {
+            "steps": n,
+            **{f"{k}": statistics.median(r[i] for r in slowest) for i, k in enumerate(BASELINE_PHASES)},
+            "ready": schedule,
+        }
+        return [r[0] for r in slowest]
 
     def trace(self, plan: list[list[list[list[int]]]], directory: Path | None) -> dict[str, Any]:
         """Train --trace-steps more steps under the backend's tracer; rank 0 writes into `directory`.

@@ -42,6 +42,7 @@ from pathlib import Path
 from benchmarks import errors, files
 from benchmarks.errors import InputError
 from benchmarks.launch import emulated, placement
+from benchmarks.launch.network import UNLIMITED, parse_rate
 from benchmarks.suite import jobs
 
 SUBNET = "169.254.100"
@@ -50,7 +51,6 @@ IFACE = "eth0"
 DEFAULT_NAME = "dbc"
 ETC_NETNS = Path("/etc/netns")
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
-UNLIMITED = "unlimited"
 
 
 @dataclass
@@ -127,17 +127,6 @@ class Cluster:
     def describe(self) -> str:
         hosts = ", ".join(f"{h.name} {h.address} cores {h.cpus}{' (shared)' if h.shared else ''}" for h in self.hosts)
         return f"cluster {self.name}: {len(self.hosts)} emulated hosts, link {self.link} each way; {hosts}"
-
-
-def parse_rate(text: str) -> int | None:
-    """'1gbit', '100mbit', '2.5gbit', '500kbit' → bits per second; 'unlimited' → None."""
-    text = str(text).strip().lower()
-    if text == UNLIMITED:
-        return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", text)
-    if not match or float(match.group(1)) <= 0:
-        raise InputError(f"--link takes a rate such as 1gbit, 10gbit, 100mbit or 'unlimited'; got {text!r}")
-    return int(float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)])
 
 
 def missing_rights() -> str | None:

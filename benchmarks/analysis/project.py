@@ -1,0 +1,307 @@
+"""`distbench project`: each variant's step time projected to N ranks — a model, labelled so everywhere.
+
+From a compare directory's runs: the compute baseline (the step with no communication, at the placement
+it ran at) and the gradient-ready schedule (run.json `compute_baseline`), the run's own knobs (run.json
+`knobs`); from `distbench allreduce` results (`--allreduce DIR`, fitted per implementation) or a link
+(`--link 25gbit --latency 5us`): what each message costs, carried to N by the ring formulas
+(benchmarks.analysis.costmodel). Each framework's schedule is simulated (benchmarks.analysis.schedule).
+At the world sizes the compare ran, the projection is set beside the measured step.
+
+    distbench project results/runs/<compare-id> --ranks 8,64,512 --allreduce results/runs/<allreduce-id>
+    distbench project results/runs/<compare-id> --ranks 8,64,512 --link 25gbit --latency 5us
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from benchmarks.analysis import collectives, costmodel, decision, load, rundir, schedule, why
+from benchmarks.analysis.costmodel import Fit
+from benchmarks.errors import InputError
+from benchmarks.run import recorder as results
+
+LABEL = "projection (a model, not a measurement)"
+ASSUMPTIONS = (
+    "a flat network: every rank one link from every other, each message at the fitted (or given) cost",
+    "ring collectives: allreduce 2(N−1) steps and 2(N−1)/N of the bytes per rank, reduce-scatter and "
+    "all-gather half of each",
+    "per-rank compute unchanged by N: the compute baseline as measured at the compare's placement",
+    "no stragglers: every rank ends backward together",
+    "communication takes no compute from the training thread (wrong where a rank has one core; see docs/benchmarks.md)",
+)
+JSON, CSV, FIGURE = "projection.json", "projection.csv", "projection.png"
+MODELLED = ("ddp", "horovod", "fsdp")
+
+
+@dataclass
+class Inputs:
+    """One variant at one measured world size: what the projection is made from."""
+
+    variant: str
+    backend: str
+    world_size: int
+    samples_per_rank: float
+    knobs: dict[str, Any]
+    impl: str | None
+    compute_s: list[float]
+    """Each run's compute-baseline step (median of its steps)."""
+    forward_s: float
+    backward_s: float
+    """The last micro-batch's backward (the baseline's backward ÷ accumulate), medians over runs."""
+    grads: list[schedule.Gradient]
+    units: list[str]
+    measured_s: list[float]
+    """Each run's median step."""
+
+
+def _interval(values: list[float]) -> tuple[float, float, float]:
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return mean, mean, mean
+    half = float(scipy_stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
+    return mean, mean - half, mean + half
+
+
+def inputs(path: Path) -> list[Inputs]:
+    """Every modelled variant × world size among the completed runs under `path` that hold a ready schedule."""
+    rs = load.load_runs(path)
+    groups: dict[tuple[str, int], list[tuple[dict[str, Any], pd.Series]]] = {}
+    for run in rs.runs.to_dict("records"):
+        meta = rundir.read(Path(run["run_key"]))
+        if meta.get("backend") not in MODELLED or not (meta.get("compute_baseline") or {}).get("ready"):
+            continue
+        summary = pd.read_csv(Path(run["run_key"]) / results.SUMMARY_CSV).iloc[0]
+        groups.setdefault((run["variant"], int(meta["world_size"])), []).append((meta, summary))
+    found = []
+    for (variant, world), runs in groups.items():
+        meta = runs[0][0]
+        k = int(meta.get("config", {}).get("accumulate", 1))
+        baselines = [m["compute_baseline"] for m, _ in runs]
+        backward = float(np.median([b["backward_s"] for b in baselines])) / k
+        ready = baselines[0]["ready"]
+        scale = backward / ready["backward_s"] if ready["backward_s"] else 1.0
+        grads = [
+            schedule.Gradient(p["name"], float(p["bytes"]), float(p["ready_s"]) * scale)
+            for p in ready["params"]
+            if p["ready_s"] is not None
+        ]
+        found.append(
+            Inputs(
+                variant,
+                meta["backend"],
+                world,
+                meta["global_batch"] / world,
+                meta.get("knobs") or {},
+                why.impl_of(meta) or ("torch-gloo" if meta["backend"] == "fsdp" else None),
+                [float(b["step_s"]) for b in baselines],
+                float(np.median([b["forward_s"] for b in baselines])) / k,
+                backward,
+                grads,
+                list((meta.get("knobs") or {}).get("units") or []),
+                [float(s["step_p50_s"]) for _, s in runs],
+            )
+        )
+    if not found:
+        raise InputError(
+            f"no completed ddp, horovod or fsdp runs with a gradient-ready schedule under {path}; project a "
+            "compare directory made by this version with --compute-baseline-steps above 0 (the default, 10)"
+        )
+    return sorted(found, key=lambda i: (i.world_size, i.variant))
+
+
+def fits_from(allreduce_dir: Path) -> dict[tuple[str, str], Fit]:
+    """Per (implementation, collective): the fit at the largest world size measured (float32)."""
+    frame = collectives.load(allreduce_dir)
+    frame = frame[frame["correct"] & frame["time_mean_s"].notna() & (frame["dtype"] == "float32")]
+    out: dict[tuple[str, str], Fit] = {}
+    for (impl, collective), rows in frame.groupby(["impl", "collective"]):
+        if rows["world_size"].max() < 2:
+            continue
+        n = int(rows["world_size"].max())
+        at = rows[rows["world_size"] == n].groupby("size_bytes")["time_mean_s"].median()
+        label = f"{impl} {collective}, {n} ranks ({allreduce_dir})"
+        out[(str(impl), str(collective))] = costmodel.fit(list(at.index), list(at.to_numpy()), collective, n, label)
+    return out
+
+
+class Costs:
+    """The fit each variant's collectives use: one link for all, or per implementation from a sweep."""
+
+    def __init__(self, link: Fit | None = None, fitted: dict[tuple[str, str], Fit] | None = None) -> None:
+        self.link, self.fitted = link, fitted or {}
+
+    def of(self, item: Inputs, collective: str) -> Fit | None:
+        if self.link is not None:
+            return self.link
+        return self.fitted.get((item.impl or "", collective)) or self.fitted.get((item.impl or "", "allreduce"))
+
+    def used(self) -> list[Fit]:
+        return [self.link] if self.link is not None else list(self.fitted.values())
+
+
+def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: bool = True) -> schedule.Outcome | None:
+    """The communication of one step of `item` at `n` ranks; `end`: the fit's `cost`, `low` or `high`."""
+    fit = costs.of(item, "allreduce")
+    if fit is None:
+        return None
+    cost: costmodel.Cost = getattr(fit, end)
+    half = 0.5 if item.knobs.get("fp16_allreduce") or item.knobs.get("compression") == "fp16" else 1.0
+
+    def wire(collective: str, chosen: costmodel.Cost = cost) -> schedule.Wire:
+        return lambda nbytes: chosen.time(collective, nbytes * half, n)
+
+    if item.backend == "ddp":
+        cap = float(item.knobs.get("bucket_cap_mb", 25.0))
+        return schedule.ddp(item.grads, item.backward_s, wire("allreduce"), cap, overlap)
+    if item.backend == "horovod":
+        # Horovod's own sweep times hvd.allreduce whole, its cycle's agreement included; a given link does not.
+        negotiate = 2 * (n - 1) * cost.alpha_s if fit is costs.link else 0.0
+        cycle, fusion = float(item.knobs.get("cycle_time_ms", 1.0)), float(item.knobs.get("fusion_threshold_mb", 128))
+        return schedule.horovod(item.grads, item.backward_s, wire("allreduce"), negotiate, cycle, fusion, overlap)
+    gather, scatter = (costs.of(item, c) or fit for c in ("all_gather", "reduce_scatter"))
+    units = schedule.units_of(item.grads, item.units)
+    reshard = bool(item.knobs.get("reshard_after_forward", True))
+    return schedule.fsdp(
+        units,
+        item.forward_s,
+        item.backward_s,
+        wire("all_gather", getattr(gather, end)),
+        wire("reduce_scatter", getattr(scatter, end)),
+        reshard,
+        overlap,
+    )
+
+
+def project(items: list[Inputs], costs: Costs, ranks: list[int], overlap: bool = True) -> pd.DataFrame:
+    """One row per variant and N: the projected step (with its band), throughput, efficiency, hidden share."""
+    largest = {i.variant: i for i in items}  # the inputs of each variant's largest measured world size
+    rows = []
+    for item in largest.values():
+        compute, compute_low, compute_high = _interval(item.compute_s)
+        for n in ranks:
+            mid, low, high = (simulate(item, costs, n, end, overlap) for end in ("cost", "low", "high"))
+            if mid is None or low is None or high is None:
+                continue
+            step = compute + mid.exposed_s
+            rows.append(
+                {
+                    "variant": item.variant,
+                    "ranks": n,
+                    "step_s": step,
+                    "step_low_s": compute_low + low.exposed_s,
+                    "step_high_s": compute_high + high.exposed_s,
+                    "samples_per_s": n * item.samples_per_rank / step,
+                    "efficiency": compute / step,
+                    "comm_s": mid.comm_s,
+                    "exposed_s": mid.exposed_s,
+                    "hidden_share": mid.hidden_share,
+                    "messages": mid.messages,
+                    "compute_s": compute,
+                    "inputs_world_size": item.world_size,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def check(items: list[Inputs], costs: Costs, overlap: bool = True) -> pd.DataFrame:
+    """At each measured world size: the projection from that size's own inputs beside the measured step."""
+    rows = []
+    for item in items:
+        outcome = simulate(item, costs, item.world_size, "cost", overlap)
+        if outcome is None:
+            continue
+        projected = float(np.mean(item.compute_s)) + outcome.exposed_s
+        measured, low, high = _interval(item.measured_s)
+        rows.append(
+            {
+                "variant": item.variant,
+                "ranks": item.world_size,
+                "projected_step_s": projected,
+                "measured_step_s": measured,
+                "measured_low_s": low,
+                "measured_high_s": high,
+                "runs": len(item.measured_s),
+                "error": projected / measured - 1,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def picks(table: pd.DataFrame) -> pd.DataFrame:
+    """Per N: the variant projected fastest, and whether its band clears every other variant's."""
+    rows = []
+    for n, at in table.groupby("ranks"):
+        best = at.loc[at["step_s"].idxmin()]
+        others = at[at["variant"] != best["variant"]]
+        apart = bool(len(others)) and bool((best["step_high_s"] < others["step_low_s"]).all())
+        rows.append({"ranks": int(n), "pick": best["variant"], "bands_apart": apart})
+    return pd.DataFrame(rows)
+
+
+def measured_picks(path: Path) -> list[dict[str, Any]]:
+    """The compare's resolved decisions (its decision.json), to set the projection's picks beside."""
+    target = path / decision.DECISION_JSON
+    if not target.is_file():
+        return []
+    setups = json.loads(target.read_text()).get("setups", [])
+    return [
+        {"ranks": s["world_size"], "pick": s["recommended"]["variant"]}
+        for s in setups
+        if s.get("status") == "resolved" and s.get("recommended")
+    ]
+
+
+def make(path: Path, ranks: list[int], costs: Costs) -> tuple[dict[str, Any], pd.DataFrame]:
+    """The projection of the compare under `path` at `ranks`: projection.json's content and its table."""
+    items = inputs(path)
+    missing = sorted({i.variant for i in items if costs.of(i, "allreduce") is None})
+    if len(missing) == len({i.variant for i in items}):
+        raise InputError(
+            f"the allreduce results hold none of {', '.join(sorted({i.impl or '?' for i in items}))}; run "
+            "`distbench allreduce --compare` where the compare ran (the same hosts and link), or give --link"
+        )
+    table = project(items, costs, ranks)
+    checked = check(items, costs)
+    measured = [
+        {
+            "variant": i.variant,
+            "ranks": i.world_size,
+            "step_s": float(np.mean(i.measured_s)),
+            "efficiency": float(np.mean(i.compute_s)) / float(np.mean(i.measured_s)),
+        }
+        for i in items
+    ]
+    document = {
+        "kind": LABEL,
+        "source": str(path),
+        "workload": load.load_runs(path).runs["workload"].iloc[0],
+        "samples_per_rank": {i.variant: i.samples_per_rank for i in items},
+        "ranks": ranks,
+        "assumptions": list(ASSUMPTIONS),
+        "band": "the compute baseline's 95 % t-interval over runs with the fit's 95 % intervals on α and β",
+        "costs": [
+            {
+                "label": f.label,
+                "alpha_s": f.cost.alpha_s,
+                "beta_s_per_byte": f.cost.beta_s_per_byte,
+                "worst_residual": f.worst_residual,
+                "residuals": f.residuals,
+            }
+            for f in costs.used()
+        ],
+        "not_projected": missing,
+        "projected": table.to_dict("records"),
+        "picks": picks(table).to_dict("records") if len(table) else [],
+        "measured": measured,
+        "check": checked.to_dict("records"),
+        "measured_picks": measured_picks(path),
+    }
+    return document, table

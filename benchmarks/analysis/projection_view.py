@@ -1,0 +1,113 @@
+"""What `distbench project` shows: its lines in the terminal, projection.json/csv, the figure, and the
+report's section (benchmarks.analysis.project makes the projection). Every one is labelled a projection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from benchmarks import files
+from benchmarks.analysis.project import CSV, FIGURE, JSON, LABEL
+
+
+def write(out: Path, document: dict[str, Any], table: pd.DataFrame) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    files.write_text(out / JSON, json.dumps(document, indent=2, default=float) + "\n")
+    files.write_csv(table, out / CSV, index=False)
+    figure(document, out / FIGURE)
+
+
+def figure(document: dict[str, Any], path: Path) -> Path | None:
+    """Projected scaling efficiency against N (a band per variant), the measured points on it."""
+    from benchmarks.analysis import figures  # matplotlib only once a figure is drawn
+
+    projected = pd.DataFrame(document["projected"])
+    if not len(projected):
+        return None
+    fig, ax = figures.plt.subplots(figsize=(7, 4.2))
+    for variant, rows in projected.groupby("variant", sort=False):
+        rows = rows.sort_values("ranks")
+        (line,) = ax.plot(rows["ranks"], rows["efficiency"], marker="o", label=f"{variant} (projected)")
+        ax.fill_between(
+            rows["ranks"],
+            rows["compute_s"] / rows["step_high_s"],
+            rows["compute_s"] / rows["step_low_s"],
+            color=line.get_color(),
+            alpha=0.15,
+        )
+        measured = [m for m in document["measured"] if m["variant"] == variant]
+        if measured:
+            ax.scatter(
+                [m["ranks"] for m in measured],
+                [m["efficiency"] for m in measured],
+                marker="x",
+                s=60,
+                color=line.get_color(),
+                label=f"{variant} (measured)",
+                zorder=3,
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("ranks (N)")
+    ax.set_ylabel("scaling efficiency (no-communication step ÷ step)")
+    ax.set_title(f"{LABEL}: {document['workload']}")
+    ax.legend(fontsize=7)
+    return figures.save(fig, path)
+
+
+def words(document: dict[str, Any]) -> list[str]:
+    """What `distbench project` prints: the label first, per N the variants and the pick, then the check."""
+    lines = [f"{LABEL.capitalize()}: {document['workload']}, from {document['source']}"]
+    for cost in document["costs"]:
+        worst = cost["worst_residual"]
+        fitted = f"; worst residual {worst:+.0%}" if worst is not None else " (given, not measured)"
+        lines.append(
+            f"  cost: {cost['label']}: α {cost['alpha_s'] * 1e6:.1f} µs per ring step, "
+            f"{1 / cost['beta_s_per_byte'] / 1e9:.3f} GB/s per rank{fitted}"
+        )
+    projected = pd.DataFrame(document["projected"])
+    by_n = {p["ranks"]: p for p in document["picks"]}
+    for n, rows in projected.groupby("ranks"):
+        lines.append(
+            f"N = {n}: projected pick {by_n[n]['pick']}" + ("" if by_n[n]["bands_apart"] else ", within the bands")
+        )
+        for r in rows.itertuples():
+            hidden = (
+                "" if r.hidden_share != r.hidden_share or r.hidden_share is None else f", {r.hidden_share:.0%} hidden"
+            )
+            lines.append(
+                f"  {r.variant:<16} step {r.step_s * 1e3:8.1f} ms ({r.step_low_s * 1e3:.1f}–{r.step_high_s * 1e3:.1f})"
+                f"  {r.samples_per_s:10.1f} samples/s  efficiency {r.efficiency:.0%}"
+                f"  communication {r.comm_s * 1e3:.1f} ms{hidden}"
+            )
+    if document["not_projected"]:
+        lines.append(f"not projected (no cost for their collectives): {', '.join(document['not_projected'])}")
+    if document["check"]:
+        lines.append("checked against the measured runs (projected from each world size's own inputs):")
+        for c in document["check"]:
+            lines.append(
+                f"  {c['variant']:<16} N = {c['ranks']}: projected {c['projected_step_s'] * 1e3:.1f} ms, measured "
+                f"{c['measured_step_s'] * 1e3:.1f} ms ({c['measured_low_s'] * 1e3:.1f}–"
+                f"{c['measured_high_s'] * 1e3:.1f}, {c['runs']} runs): {c['error']:+.0%}"
+            )
+    lines.append("assumptions: " + "; ".join(document["assumptions"]))
+    lines.append(f"band: {document['band']}")
+    return lines
+
+
+def report_section(paths: list[str | Path], out: Path) -> tuple[Path | None, pd.DataFrame] | None:
+    """A `distbench project` made for one of the report's directories: its figure redrawn into `out` and
+    its table, each labelled a projection."""
+    for path in paths:
+        target = Path(path) / "projection" / JSON
+        if target.is_file():
+            document = json.loads(target.read_text())
+            table = pd.DataFrame(document["projected"])
+            if not len(table):
+                return None
+            shown = table[["variant", "ranks", "step_s", "step_low_s", "step_high_s", "samples_per_s", "efficiency"]]
+            return figure(document, out / FIGURE), shown.assign(hidden_share=table["hidden_share"])
+    return None
