@@ -15,10 +15,15 @@ alike. Its residuals are kept and shown; the band is the fit's 95 % intervals on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy import stats as scipy_stats
 
+FIT_FROM_BYTES = 64 * 1024
+"""The fit uses sizes from here up (gradients go in buckets and fused buffers of this size and more; below
+it, on this machine's emulated links, a call's time is a floor that no line through the large sizes
+meets). Where fewer than 3 sizes are that large, all are used. Every size's residual is kept."""
 RING = {"allreduce": 2, "reduce_scatter": 1, "all_gather": 1}
 """Per collective: how many times (n − 1) ring steps it takes, and (n − 1)/n of the buffer each rank sends."""
 
@@ -48,12 +53,15 @@ class Fit:
     """The cheaper end of the fit's 95 % intervals (α and β each at its low end, never below 0)."""
     high: Cost
     world_size: int | None = None
-    residuals: list[dict[str, float]] = field(default_factory=list)
-    """Per measured size: `size_bytes`, `measured_s`, `fitted_s`, `residual` ((fitted − measured) ÷ measured)."""
+    residuals: list[dict[str, Any]] = field(default_factory=list)
+    """Per measured size: `size_bytes`, `measured_s`, `fitted_s`, `residual` ((fitted − measured) ÷ measured),
+    `in_fit` (whether the fit used it)."""
 
     @property
     def worst_residual(self) -> float | None:
-        return max((abs(r["residual"]) for r in self.residuals), default=None)
+        """The largest residual in size among the sizes fitted, with its sign."""
+        fitted = [r["residual"] for r in self.residuals if r["in_fit"]]
+        return max(fitted, key=abs, default=None)
 
 
 def link(rate_bps: int, latency_s: float, label: str) -> Fit:
@@ -66,9 +74,11 @@ def fit(sizes: list[float], times: list[float], collective: str, world_size: int
     """Least squares of time = A + B·S over the measured sizes, relative to each time, turned into α and β."""
     if world_size < 2:
         raise ValueError(f"{label}: a fit needs results of 2 or more ranks, not {world_size}")
-    s, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
-    if len(s) < 3 or len(set(s.tolist())) < 3:
-        raise ValueError(f"{label}: a fit needs 3 or more message sizes, got {len(set(s.tolist()))}")
+    every_s, every_t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    if len(set(every_s.tolist())) < 3:
+        raise ValueError(f"{label}: a fit needs 3 or more message sizes, got {len(set(every_s.tolist()))}")
+    large = every_s >= FIT_FROM_BYTES
+    s, t = (every_s[large], every_t[large]) if len(set(every_s[large].tolist())) >= 3 else (every_s, every_t)
     design = np.column_stack([np.ones_like(s), s]) / t[:, None]
     coef, *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
     fitted = coef[0] + coef[1] * s
@@ -88,7 +98,13 @@ def fit(sizes: list[float], times: list[float], collective: str, world_size: int
         cost(coef[0] + half[0], coef[1] + half[1]) if dof else cost(coef[0], coef[1]),
         world_size,
         [
-            {"size_bytes": float(a), "measured_s": float(b), "fitted_s": float(c), "residual": float(c / b - 1)}
-            for a, b, c in zip(s, t, fitted, strict=True)
+            {
+                "size_bytes": float(a),
+                "measured_s": float(b),
+                "fitted_s": float(coef[0] + coef[1] * a),
+                "residual": float((coef[0] + coef[1] * a) / b - 1),
+                "in_fit": bool(a >= s.min()),
+            }
+            for a, b in zip(every_s, every_t, strict=True)
         ],
     )

@@ -1,0 +1,170 @@
+"""`distbench project` against hand-computed numbers: the α–β fit, the ring formulas, each framework's
+simulated schedule (and the negative control, overlap modelled away), and the command's bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchmarks import cli
+from benchmarks.analysis import costmodel, project, projection_view, schedule
+from benchmarks.errors import EXIT_BAD_INPUT
+from benchmarks.launch import network
+from benchmarks.run import recorder as results
+from tests.helpers import make_run
+
+MB = 1024 * 1024
+
+
+def test_fit_recovers_alpha_and_beta_and_the_ring_carries_them_to_n() -> None:
+    alpha, beta, n0 = 50e-6, 1e-9, 4
+    sizes = [4.0, 1024.0, 65536.0, 1048576.0, 16777216.0]
+    times = [2 * (n0 - 1) * alpha + 2 * (n0 - 1) / n0 * s * beta for s in sizes]
+    fitted = costmodel.fit(sizes, times, "allreduce", n0, "synthetic")
+    assert fitted.cost.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert fitted.cost.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
+    assert fitted.worst_residual == pytest.approx(0, abs=1e-9)
+    cost = fitted.cost
+    assert cost.time("allreduce", 1e6, 8) == pytest.approx(14 * alpha + 1.75e6 * beta)
+    assert cost.time("reduce_scatter", 1e6, 8) == pytest.approx(7 * alpha + 0.875e6 * beta)
+    assert cost.time("allreduce", 1e6, 1) == 0.0
+    noisy = costmodel.fit(
+        sizes, [t * f for t, f in zip(times, (1.1, 0.9, 1.05, 0.95, 1.0), strict=True)], "allreduce", 2, "n"
+    )
+    assert noisy.worst_residual > 0.02 and noisy.low.beta_s_per_byte < noisy.high.beta_s_per_byte
+    with pytest.raises(ValueError, match="3 or more message sizes"):
+        costmodel.fit([4.0, 8.0], [1.0, 2.0], "allreduce", 2, "too few")
+
+
+def test_a_link_and_a_latency_given_in_words() -> None:
+    given = costmodel.link(network.parse_rate("1gbit"), network.parse_latency("5us"), "1gbit")
+    assert given.cost.beta_s_per_byte == pytest.approx(8e-9) and given.cost.alpha_s == pytest.approx(5e-6)
+    assert network.parse_latency("0") == 0.0 and network.parse_latency("0.5ms") == pytest.approx(5e-4)
+    for bad in ("5", "fast", "-1us"):
+        with pytest.raises(network.InputError, match="--latency"):
+            network.parse_latency(bad)
+
+
+def grads(count: int, each: float, backward: float) -> list[schedule.Gradient]:
+    """`count` gradients of `each` bytes, ready evenly through `backward` seconds."""
+    return [schedule.Gradient(f"layer{i}.weight", each, backward * (i + 1) / count) for i in range(count)]
+
+
+def test_ddp_buckets_the_first_small_then_at_the_cap_in_ready_order() -> None:
+    made = schedule.buckets(grads(10, 0.5 * MB, 1.0), 2 * MB)
+    assert [len(b) for b in made] == [2, 4, 4]  # 1 MiB first, then 2 MiB each
+
+
+def test_ddp_hides_what_backward_covers_and_the_negative_control_hides_nothing() -> None:
+    g, backward = grads(8, MB, 0.08), 0.08
+    wire = lambda nbytes: nbytes / MB * 0.005  # noqa: E731 - 5 ms a MiB
+    overlapped = schedule.ddp(g, backward, wire, bucket_cap_mb=1)
+    assert overlapped.messages == 8 and overlapped.comm_s == pytest.approx(0.04)
+    assert overlapped.exposed_s == pytest.approx(0.005)  # only the last bucket, ready as backward ends
+    after = schedule.ddp(g, backward, wire, bucket_cap_mb=1, overlap=False)
+    assert after.exposed_s == pytest.approx(0.04) and after.hidden_share == 0
+    one = schedule.ddp(g, backward, wire, bucket_cap_mb=25)  # 1 MiB, then the other seven at the end
+    assert one.messages == 2 and one.exposed_s == pytest.approx(0.035)
+
+
+def test_horovod_fuses_what_each_cycle_finds_ready() -> None:
+    g, backward = grads(8, MB, 0.08), 0.08
+    wire = lambda nbytes: nbytes / MB * 0.005  # noqa: E731
+    fused = schedule.horovod(g, backward, wire, 0.0, cycle_time_ms=1000, fusion_threshold_mb=128)
+    # A cycle at phase 0 finds nothing and the next (1 s) everything; at 0.25, 0.5, 0.75 s everything.
+    assert fused.messages == 1 and fused.exposed_s == pytest.approx((0.96 + 0.21 + 0.46 + 0.71) / 4)
+    quick = schedule.horovod(g, backward, wire, 0.0, cycle_time_ms=1, fusion_threshold_mb=128)
+    assert quick.exposed_s == pytest.approx(0.005, abs=0.0015)  # each gradient sent within a cycle of ready
+    unfused = schedule.horovod(g, backward, wire, 0.0, cycle_time_ms=1000, fusion_threshold_mb=0, overlap=False)
+    assert unfused.messages == 8 and unfused.exposed_s == pytest.approx(0.04)
+
+
+def test_fsdp_units_own_their_parameters_and_a_free_wire_costs_nothing() -> None:
+    g = [
+        schedule.Gradient("head.weight", MB, 0.01),
+        schedule.Gradient("blocks.1.w", MB, 0.03),
+        schedule.Gradient("blocks.0.w", MB, 0.05),
+        schedule.Gradient("tok.weight", MB, 0.06),
+    ]
+    units = schedule.units_of(g, ["blocks.0", "blocks.1", ""])
+    assert [(u.name, u.nbytes) for u in units] == [("blocks.1", MB), ("blocks.0", MB), ("", 2 * MB)]
+    free = schedule.fsdp(units, 0.03, 0.06, lambda b: 0.0, lambda b: 0.0, True)
+    assert free.exposed_s == 0 and free.comm_s == 0
+    costly = schedule.fsdp(units, 0.03, 0.06, lambda b: b / MB * 0.01, lambda b: b / MB * 0.01, True)
+    later = schedule.fsdp(units, 0.03, 0.06, lambda b: b / MB * 0.01, lambda b: b / MB * 0.01, True, overlap=False)
+    assert 0.04 <= costly.exposed_s < later.exposed_s  # forward's gathers (40 ms) are exposed either way
+
+
+def synthetic_compare(root: Path) -> Path:
+    """Two DDP runs with a compute baseline of 60 ms (backward 40 ms) and eight 0.5 MB gradients."""
+    params = [{"name": f"l{i}.w", "bytes": 500_000, "ready_s": 0.005 * (8 - i)} for i in range(8)]
+    baseline = {
+        "steps": 10,
+        "step_s": 0.06,
+        "data_s": 0.0,
+        "forward_s": 0.015,
+        "backward_s": 0.04,
+        "optimizer_s": 0.005,
+    }
+    for r, step in enumerate((0.081, 0.079)):
+        meta = {
+            "knobs": {"dist_backend": "gloo", "bucket_cap_mb": 25.0},
+            "compute_baseline": {**baseline, "ready": {"steps": 3, "backward_s": 0.04, "params": params}},
+        }
+        run_dir = make_run(root, f"ddp-r{r}", "ddp", [[step] * 30] * 2, wall=30 * step, meta=meta)
+        meta = json.loads((run_dir / results.RUN_JSON).read_text())
+        row = results.summary_row(meta, [step] * 29, 20 * 29, {}, 29 * step, [0.06] * 10)
+        pd.DataFrame([row]).to_csv(run_dir / results.SUMMARY_CSV, index=False, columns=results.SUMMARY_COLUMNS)
+    return root
+
+
+def test_project_a_compare_labels_it_and_checks_it_against_the_measured_step(tmp_path: Path) -> None:
+    root = synthetic_compare(tmp_path / "cmp")
+    costs = project.Costs(link=costmodel.link(10**9, 0.0, "1gbit"))
+    document, table = project.make(root, [2, 8], costs)
+    assert document["kind"] == project.LABEL and "no stragglers" in " ".join(document["assumptions"])
+    at2 = table[table.ranks == 2].iloc[0]
+    # 4 MB at 1 Gbit, 2 ranks: 32 ms on the wire; the first 1 MiB bucket (three gradients, ready at 30 ms)
+    # hides behind backward, the rest (2.5 MB, 20 ms) starts when it ends: a step of 60 + 20 ms.
+    assert at2.comm_s == pytest.approx(0.032) and at2.step_s == pytest.approx(0.08)
+    assert table[table.ranks == 8].iloc[0].step_s > at2.step_s
+    checked = document["check"][0]
+    assert checked["ranks"] == 2 and abs(checked["error"]) < 0.02
+    negative = project.check(project.inputs(root), costs, overlap=False).iloc[0]
+    assert negative["projected_step_s"] == pytest.approx(0.06 + 0.032)
+    out = tmp_path / "out"
+    projection_view.write(out, document, table)
+    assert {p.name for p in out.iterdir()} == {project.JSON, project.CSV, project.FIGURE}
+    lines = projection_view.words(document)
+    assert lines[0].startswith("Projection (a model, not a measurement)") and any("assumptions:" in x for x in lines)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ([], "give the cost of communication"),
+        (["--link", "1gbit", "--allreduce", "x"], "give the cost of communication"),
+        (["--link", "fast"], "--link takes a rate"),
+        (["--link", "unlimited"], "needs a rate"),
+        (["--link", "1gbit", "--ranks", "0,8"], "--ranks takes"),
+        (["--link", "1gbit", "--latency", "5"], "--latency takes"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, extra: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = synthetic_compare(tmp_path / "cmp")
+    assert cli.main(["project", str(root), *extra]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0]
+
+
+def test_a_directory_without_a_ready_schedule_says_how_to_get_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path, "ddp-r0", "ddp", [[0.1] * 5] * 2, wall=0.5)
+    assert cli.main(["project", str(tmp_path), "--link", "1gbit"]) == EXIT_BAD_INPUT
+    assert "--compute-baseline-steps" in capsys.readouterr().err
