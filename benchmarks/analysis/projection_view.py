@@ -63,7 +63,12 @@ def words(document: dict[str, Any]) -> list[str]:
     lines = [f"{LABEL.capitalize()}: {document['workload']}, from {document['source']}"]
     for cost in document["costs"]:
         worst = cost["worst_residual"]
-        fitted = f"; worst residual {worst:+.0%}" if worst is not None else " (given, not measured)"
+        sizes = [r["size_bytes"] for r in cost["residuals"] if r["in_fit"]]
+        fitted = (
+            f"; fitted over {_size(min(sizes))}–{_size(max(sizes))}, worst residual {worst:+.0%}"
+            if worst is not None
+            else " (given, not measured)"
+        )
         lines.append(
             f"  cost: {cost['label']}: α {cost['alpha_s'] * 1e6:.1f} µs per ring step, "
             f"{1 / cost['beta_s_per_byte'] / 1e9:.3f} GB/s per rank{fitted}"
@@ -93,6 +98,16 @@ def words(document: dict[str, Any]) -> list[str]:
                 f"{c['measured_step_s'] * 1e3:.1f} ms ({c['measured_low_s'] * 1e3:.1f}–"
                 f"{c['measured_high_s'] * 1e3:.1f}, {c['runs']} runs): {c['error']:+.0%}"
             )
+    checked = pd.DataFrame(document["check"])
+    projected_pick = (
+        {int(n): at.loc[at["projected_step_s"].idxmin(), "variant"] for n, at in checked.groupby("ranks")}
+        if len(checked)
+        else {}
+    )
+    for m in document["measured_picks"]:
+        said = projected_pick.get(m["ranks"])
+        agree = "agrees" if said == m["pick"] else f"projected {said or 'nothing'} there"
+        lines.append(f"measured decision at N = {m['ranks']} (resolved): pick {m['pick']}; the projection {agree}")
     lines.append("assumptions: " + "; ".join(document["assumptions"]))
     lines.append(f"band: {document['band']}")
     return lines
@@ -111,3 +126,10 @@ def report_section(paths: list[str | Path], out: Path) -> tuple[Path | None, pd.
             shown = table[["variant", "ranks", "step_s", "step_low_s", "step_high_s", "samples_per_s", "efficiency"]]
             return figure(document, out / FIGURE), shown.assign(hidden_share=table["hidden_share"])
     return None
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
