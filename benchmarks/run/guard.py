@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -74,19 +76,32 @@ RANK0_RECORD_WAIT_S = 2.0
 """How long a rank other than 0, stopped by a signal, waits for rank 0's record before it exits. Rank 0
 writes in milliseconds, and the wait matters only under mpirun, which SIGKILLs everyone 1 s after its
 SIGTERM anyway; a rank signalled alone (the job is not stopping) delays the job's end by this much."""
+RANK0_WRITING_WAIT_S = 15.0
+"""How long it waits once rank 0 has begun its record (RECORDING is there): the record ends in an fsync,
+which on a busy disk has taken over 2 s (`make stress` lost one record of 510 so, under mpirun, while an
+image build was writing)."""
+RECORDING = ".recording"
+"""Rank 0's mark in the run directory that it is recording a failure (made before anything that can wait)."""
 
 
-def wait_for_record(run_json: Path, timeout: float = RANK0_RECORD_WAIT_S) -> None:
+def mark_recording(run_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        (run_dir / RECORDING).touch()
+
+
+def wait_for_record(
+    run_json: Path, timeout: float = RANK0_RECORD_WAIT_S, writing: float = RANK0_WRITING_WAIT_S
+) -> None:
     """Return once `run_json` no longer says `running`, its writer (rank 0, on this host) is gone, it cannot
-    be read (another host's directory), or `timeout` has passed.
+    be read (another host's directory), or `timeout` has passed — `writing` once rank 0 has begun its record.
 
     A rank other than 0 calls this before it exits on a stop signal. Open MPI's mpirun (4.1) stops a job
     with SIGCONT, SIGTERM and SIGKILL, each after a `sleep(odls_base_sigkill_timeout)` of 1 s; the first
     rank to exit interrupts that sleep with a SIGCHLD, and `sleep` then returns the whole seconds left,
     0, so the SIGKILL follows at once. A rank 1 that exits first on the SIGTERM would take rank 0 down
     before its record is written, leaving run.json `running`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    while time.monotonic() < start + (writing if (run_json.parent / RECORDING).exists() else timeout):
         try:
             meta = json.loads(run_json.read_text())
         except (OSError, ValueError):

@@ -123,6 +123,8 @@ class _Failure:
         self.said = threading.Lock()  # the main thread, the SIGTERM watcher and the watchdog may all fail the run
 
     def record(self, error: str) -> None:
+        if self.recorder is not None and self.recorder.meta["status"] == "running":
+            guard.mark_recording(self.recorder.run_dir)  # the other ranks wait for the write it announces
         held = self.recording.acquire(timeout=RECORD_WAIT_S)
         try:
             recorder = self.recorder

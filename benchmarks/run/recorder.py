@@ -230,6 +230,8 @@ class Recorder:
             with contextlib.suppress(OSError):
                 (self.run_dir / RESERVE).unlink()
             write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+            with contextlib.suppress(OSError):  # the record it announced is written
+                (self.run_dir / guard.RECORDING).unlink()
         finally:
             if locked:
                 self.lock.release()

@@ -52,3 +52,13 @@ def test_gives_up_after_the_timeout(tmp_path) -> None:
     run_json = tmp_path / "run.json"
     _write(run_json, "running", os.getpid())
     assert 0.3 <= _timed(run_json, 0.3) < 1.5
+
+
+def test_waits_longer_once_rank_0_has_begun_its_record(tmp_path) -> None:
+    run_json = tmp_path / "run.json"
+    _write(run_json, "running", os.getpid())
+    guard.mark_recording(tmp_path)  # rank 0 is writing: its fsync may hold it past the base wait
+    threading.Timer(0.6, _write, (run_json, "failed", os.getpid())).start()
+    start = time.monotonic()
+    guard.wait_for_record(run_json, 0.2, 5)
+    assert 0.5 < time.monotonic() - start < 3
