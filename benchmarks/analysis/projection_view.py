@@ -93,10 +93,14 @@ def words(document: dict[str, Any]) -> list[str]:
     if document["check"]:
         lines.append("checked against the measured runs (projected from each world size's own inputs):")
         for c in document["check"]:
+            spread = (
+                f"{c['measured_low_s'] * 1e3:.1f}–{c['measured_high_s'] * 1e3:.1f}, {c['runs']} runs"
+                if c["runs"] > 1
+                else "1 run, no interval"
+            )
             lines.append(
                 f"  {c['variant']:<16} N = {c['ranks']}: projected {c['projected_step_s'] * 1e3:.1f} ms, measured "
-                f"{c['measured_step_s'] * 1e3:.1f} ms ({c['measured_low_s'] * 1e3:.1f}–"
-                f"{c['measured_high_s'] * 1e3:.1f}, {c['runs']} runs): {c['error']:+.0%}"
+                f"{c['measured_step_s'] * 1e3:.1f} ms ({spread}): {c['error']:+.0%}"
             )
     checked = pd.DataFrame(document["check"])
     projected_pick = (
