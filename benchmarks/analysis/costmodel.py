@@ -70,8 +70,13 @@ def link(rate_bps: int, latency_s: float, label: str) -> Fit:
     return Fit(label, cost, cost, cost)
 
 
-def fit(sizes: list[float], times: list[float], collective: str, world_size: int, label: str) -> Fit:
-    """Least squares of time = A + B·S over the measured sizes, relative to each time, turned into α and β."""
+def fit(
+    sizes: list[float], times: list[float], collective: str, world_size: int, label: str, wait_s: float = 0.0
+) -> Fit:
+    """Least squares of time = A + B·S over the measured sizes, relative to each time, turned into α and β.
+
+    `wait_s`: a part of A that is no ring step (Horovod's wait for its next cycle, which the simulation of
+    its schedule adds itself), taken out before A is shared among the 2(n−1) steps."""
     if world_size < 2:
         raise ValueError(f"{label}: a fit needs results of 2 or more ranks, not {world_size}")
     every_s, every_t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
@@ -89,7 +94,7 @@ def fit(sizes: list[float], times: list[float], collective: str, world_size: int
     steps, share = k * (world_size - 1), k * (world_size - 1) / world_size
 
     def cost(a: float, b: float) -> Cost:
-        return Cost(max(a, 0.0) / steps, max(b, 0.0) / share)
+        return Cost(max(a - wait_s, 0.0) / steps, max(b, 0.0) / share)
 
     return Fit(
         label,

@@ -39,6 +39,9 @@ ASSUMPTIONS = (
 )
 JSON, CSV, FIGURE = "projection.json", "projection.csv", "projection.png"
 MODELLED = ("ddp", "horovod", "fsdp")
+HOROVOD_SWEEP_CYCLE_S = 1e-3
+"""The cycle time `distbench allreduce` runs Horovod at (its default): a call waits half of it on average for
+the next cycle, which the fit's intercept holds and the simulated cycle adds again, so the fit leaves it out."""
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Inputs:
     world_size: int
     samples_per_rank: float
     knobs: dict[str, Any]
+    accumulate: int
     impl: str | None
     compute_s: list[float]
     """Each run's compute-baseline step (median of its steps)."""
@@ -68,6 +72,12 @@ def _interval(values: list[float]) -> tuple[float, float, float]:
         return mean, mean, mean
     half = float(scipy_stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
     return mean, mean - half, mean + half
+
+
+def fsdp_impl(meta: dict[str, Any]) -> str | None:
+    """FSDP2's collectives go through its process group's backend, as DDP's do."""
+    knobs = meta.get("knobs") or {}
+    return f"torch-{knobs.get('dist_backend') or 'gloo'}" if meta.get("backend") == "fsdp" else None
 
 
 def inputs(path: Path) -> list[Inputs]:
@@ -100,7 +110,8 @@ def inputs(path: Path) -> list[Inputs]:
                 world,
                 meta["global_batch"] / world,
                 meta.get("knobs") or {},
-                why.impl_of(meta) or ("torch-gloo" if meta["backend"] == "fsdp" else None),
+                k,
+                why.impl_of(meta) or fsdp_impl(meta),
                 [float(b["step_s"]) for b in baselines],
                 float(np.median([b["forward_s"] for b in baselines])) / k,
                 backward,
@@ -128,7 +139,10 @@ def fits_from(allreduce_dir: Path) -> dict[tuple[str, str], Fit]:
         n = int(rows["world_size"].max())
         at = rows[rows["world_size"] == n].groupby("size_bytes")["time_mean_s"].median()
         label = f"{impl} {collective}, {n} ranks ({allreduce_dir})"
-        out[(str(impl), str(collective))] = costmodel.fit(list(at.index), list(at.to_numpy()), collective, n, label)
+        wait = HOROVOD_SWEEP_CYCLE_S / 2 if str(impl).startswith("horovod") else 0.0
+        out[(str(impl), str(collective))] = costmodel.fit(
+            list(at.index), list(at.to_numpy()), collective, n, label, wait
+        )
     return out
 
 
@@ -147,36 +161,47 @@ class Costs:
         return [self.link] if self.link is not None else list(self.fitted.values())
 
 
+def knob(item: Inputs, name: str, default: float) -> float:
+    """A numeric knob of the run; where Horovod's autotuner chose it, the value it settled on."""
+    value = item.knobs.get(name, default)
+    if not isinstance(value, (int, float)):  # "autotuned"
+        value = (item.knobs.get("autotuned") or {}).get(name, default)
+    return float(value) if isinstance(value, (int, float)) else default
+
+
 def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: bool = True) -> schedule.Outcome | None:
     """The communication of one step of `item` at `n` ranks; `end`: the fit's `cost`, `low` or `high`."""
     fit = costs.of(item, "allreduce")
     if fit is None:
         return None
     cost: costmodel.Cost = getattr(fit, end)
-    half = 0.5 if item.knobs.get("fp16_allreduce") or item.knobs.get("compression") == "fp16" else 1.0
+    fp16 = bool(item.knobs.get("fp16_allreduce")) or item.knobs.get("compression") == "fp16"
 
     def wire(collective: str, chosen: costmodel.Cost = cost) -> schedule.Wire:
-        return lambda nbytes: chosen.time(collective, nbytes * half, n)
+        return lambda nbytes: chosen.time(collective, nbytes, n)
 
+    # fp16 compression halves what DDP buckets and Horovod fuses; FSDP2 reduces in fp16 but gathers in fp32.
+    grads = [schedule.Gradient(g.name, g.nbytes / 2, g.ready_s) for g in item.grads] if fp16 else item.grads
     if item.backend == "ddp":
-        cap = float(item.knobs.get("bucket_cap_mb", 25.0))
-        return schedule.ddp(item.grads, item.backward_s, wire("allreduce"), cap, overlap)
+        # distbench always hands DDP bucket_cap_mb, and torch then makes the first bucket that size too.
+        cap = knob(item, "bucket_cap_mb", 25.0)
+        return schedule.ddp(grads, item.backward_s, wire("allreduce"), cap, overlap)
     if item.backend == "horovod":
-        # Horovod's own sweep times hvd.allreduce whole, its cycle's agreement included; a given link does not.
+        # A given link has no agreement in it; Horovod's own sweep does (its fit's α), so none is added to it.
         negotiate = 2 * (n - 1) * cost.alpha_s if fit is costs.link else 0.0
-        cycle, fusion = float(item.knobs.get("cycle_time_ms", 1.0)), float(item.knobs.get("fusion_threshold_mb", 128))
-        return schedule.horovod(item.grads, item.backward_s, wire("allreduce"), negotiate, cycle, fusion, overlap)
+        cycle, fusion = knob(item, "cycle_time_ms", 1.0), knob(item, "fusion_threshold_mb", 128.0)
+        return schedule.horovod(grads, item.backward_s, wire("allreduce"), negotiate, cycle, fusion, overlap)
     gather, scatter = (costs.of(item, c) or fit for c in ("all_gather", "reduce_scatter"))
-    units = schedule.units_of(item.grads, item.units)
-    reshard = bool(item.knobs.get("reshard_after_forward", True))
+    scatter_wire = wire("reduce_scatter", getattr(scatter, end))
     return schedule.fsdp(
-        units,
+        schedule.units_of(item.grads, item.units),
         item.forward_s,
         item.backward_s,
         wire("all_gather", getattr(gather, end)),
-        wire("reduce_scatter", getattr(scatter, end)),
-        reshard,
+        (lambda nbytes: scatter_wire(nbytes / 2)) if fp16 else scatter_wire,
+        bool(item.knobs.get("reshard_after_forward", True)),
         overlap,
+        item.accumulate,
     )
 
 
@@ -238,10 +263,10 @@ def check(items: list[Inputs], costs: Costs, overlap: bool = True) -> pd.DataFra
 def picks(table: pd.DataFrame) -> pd.DataFrame:
     """Per N: the variant projected fastest, and whether its band clears every other variant's."""
     rows = []
-    for n, at in table.groupby("ranks"):
+    for n, at in table.dropna(subset=["step_s"]).groupby("ranks"):
         best = at.loc[at["step_s"].idxmin()]
         others = at[at["variant"] != best["variant"]]
-        apart = bool(len(others)) and bool((best["step_high_s"] < others["step_low_s"]).all())
+        apart = not len(others) or bool((best["step_high_s"] < others["step_low_s"]).all())
         rows.append({"ranks": int(n), "pick": best["variant"], "bands_apart": apart})
     return pd.DataFrame(rows)
 
@@ -286,7 +311,8 @@ def make(path: Path, ranks: list[int], costs: Costs) -> tuple[dict[str, Any], pd
         "samples_per_rank": {i.variant: i.samples_per_rank for i in items},
         "ranks": ranks,
         "assumptions": list(ASSUMPTIONS),
-        "band": "the compute baseline's 95 % t-interval over runs with the fit's 95 % intervals on α and β",
+        "band": "the compute baseline's 95 % t-interval over runs with the fit's 95 % intervals on α and β, each "
+        "end taken together (conservative: α and β of a fit vary against each other)",
         "costs": [
             {
                 "label": f.label,

@@ -71,7 +71,12 @@ def words(document: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"  cost: {cost['label']}: α {cost['alpha_s'] * 1e6:.1f} µs per ring step, "
-            f"{1 / cost['beta_s_per_byte'] / 1e9:.3f} GB/s per rank{fitted}"
+            + (
+                f"{1 / cost['beta_s_per_byte'] / 1e9:.3f} GB/s per rank"
+                if cost["beta_s_per_byte"]
+                else "no per-byte cost"
+            )
+            + fitted
         )
     projected = pd.DataFrame(document["projected"])
     by_n = {p["ranks"]: p for p in document["picks"]}
@@ -91,7 +96,11 @@ def words(document: dict[str, Any]) -> list[str]:
     if document["not_projected"]:
         lines.append(f"not projected (no cost for their collectives): {', '.join(document['not_projected'])}")
     if document["check"]:
-        lines.append("checked against the measured runs (projected from each world size's own inputs):")
+        given = all(c["worst_residual"] is None for c in document["costs"])
+        lines.append(
+            "checked against the measured runs (projected from each world size's own inputs"
+            + ("; at the link given, which is theirs only if they ran on it):" if given else "):")
+        )
         for c in document["check"]:
             spread = (
                 f"{c['measured_low_s'] * 1e3:.1f}–{c['measured_high_s'] * 1e3:.1f}, {c['runs']} runs"

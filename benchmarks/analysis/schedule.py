@@ -3,9 +3,9 @@ exposed after backward ends.
 
 Times are seconds from the start of the step's last backward (earlier micro-batches of an accumulating
 step communicate nothing). The wire carries one message at a time, in the order the framework issues them:
-- DDP: buckets in the order gradients became ready (DDP rebuilds them so after its first step), the first
-  capped at 1 MiB and the rest at `bucket_cap_mb`; a bucket goes when its last gradient is ready, and never
-  before the bucket ahead of it.
+- DDP: buckets in the order gradients became ready (DDP rebuilds them so after its first step), each up to
+  `bucket_cap_mb` (torch's 1 MiB first bucket only where DDP is not given a cap, which distbench always
+  gives); a bucket goes when its last gradient is ready, and never before the bucket ahead of it.
 - Horovod: a background cycle every `cycle_time_ms`; each cycle first agrees on what is ready (one small
   collective), then sends it fused into buffers of up to `fusion_threshold_mb`, and the next cycle starts
   when this one is done and the cycle time has passed. The cycle's phase against backward is unknown, so
@@ -14,7 +14,8 @@ step communicate nothing). The wire carries one message at a time, in the order 
   after forward, again before its backward (prefetched one unit ahead), and its gradients reduce-scattered
   after its backward. A unit's forward takes the forward's time in proportion to its share of backward.
 
-`overlap=False` (the negative control) sends every message only after backward has ended.
+`overlap=False` (the negative control) sends every gradient message only after backward has ended (FSDP2's
+all-gathers stay where they are: a unit cannot compute without its parameters).
 """
 
 from __future__ import annotations
@@ -78,10 +79,17 @@ def buckets(
 
 
 def ddp(
-    grads: Sequence[Gradient], backward_s: float, wire: Wire, bucket_cap_mb: float, overlap: bool = True
+    grads: Sequence[Gradient],
+    backward_s: float,
+    wire: Wire,
+    bucket_cap_mb: float,
+    overlap: bool = True,
+    first_bucket_mb: float | None = None,
 ) -> Outcome:
+    """`first_bucket_mb`: None when the first bucket is capped like the rest (DDP given `bucket_cap_mb`)."""
     issued, messages = 0.0, []
-    for bucket in buckets(grads, bucket_cap_mb * MiB):
+    first = bucket_cap_mb * MiB if first_bucket_mb is None else first_bucket_mb * MiB
+    for bucket in buckets(grads, bucket_cap_mb * MiB, first):
         issued = max(issued, max(g.ready_s for g in bucket))  # launched in bucket order
         messages.append((issued, sum(g.nbytes for g in bucket)))
     return _send(messages, wire, backward_s, overlap)
@@ -96,7 +104,9 @@ def horovod(
     fusion_threshold_mb: float,
     overlap: bool = True,
 ) -> Outcome:
-    cycle = cycle_time_ms / 1000
+    if not grads:
+        return Outcome(0.0, 0.0, 0)
+    cycle = max(cycle_time_ms / 1000, 1e-5)  # HOROVOD_CYCLE_TIME=0 still takes a turn of the loop
     fusion = fusion_threshold_mb * MiB
     results = []
     for phase in range(HOROVOD_PHASES):
@@ -155,8 +165,15 @@ def fsdp(
     reduce_scatter: Wire,
     reshard_after_forward: bool,
     overlap: bool = True,
+    accumulate: int = 1,
 ) -> Outcome:
-    """Forward then backward of FSDP2's units; `exposed_s` is the step's growth over the bare compute."""
+    """Forward then backward of FSDP2's units; `exposed_s` is the step's growth over the bare compute.
+
+    With `accumulate` k, the k − 1 earlier micro-batches gather as the last does (only the reduce-scatter
+    waits for the last); their gathers are counted exposed. `overlap=False` delays the reduce-scatters only:
+    a unit cannot compute before its parameters are gathered."""
+    if not units:
+        return Outcome(0.0, 0.0, 0)
     order = list(units)  # backward order; the root ("") is first in forward and last in backward
     spans = [u.ready_s - (order[i - 1].ready_s if i else 0.0) for i, u in enumerate(order)]
     total_span = sum(spans) or 1.0
@@ -182,5 +199,9 @@ def fsdp(
         compute = start + spans[i]
         wire_free = max(wire_free, compute if overlap else max(compute, backward_s)) + scatters[i]
     end = max(wire_free, compute)
-    comm = sum(gathers) + sum(g for g, r in zip(gathers, regather, strict=True) if r) + sum(scatters)
-    return Outcome(forward_exposed + max(0.0, end - backward_s), comm, 2 * len(order) + sum(regather))
+    gathered = sum(gathers) + sum(g for g, r in zip(gathers, regather, strict=True) if r)
+    earlier = (accumulate - 1) * gathered
+    exposed = forward_exposed + max(0.0, end - backward_s) + earlier
+    return Outcome(
+        exposed, accumulate * gathered + sum(scatters), accumulate * (len(order) + sum(regather)) + len(order)
+    )

@@ -66,8 +66,10 @@ def test_ddp_hides_what_backward_covers_and_the_negative_control_hides_nothing()
     assert overlapped.exposed_s == pytest.approx(0.005)  # only the last bucket, ready as backward ends
     after = schedule.ddp(g, backward, wire, bucket_cap_mb=1, overlap=False)
     assert after.exposed_s == pytest.approx(0.04) and after.hidden_share == 0
-    one = schedule.ddp(g, backward, wire, bucket_cap_mb=25)  # 1 MiB, then the other seven at the end
-    assert one.messages == 2 and one.exposed_s == pytest.approx(0.035)
+    one = schedule.ddp(g, backward, wire, bucket_cap_mb=25)  # distbench's DDP: the first bucket is capped alike
+    assert one.messages == 1 and one.exposed_s == pytest.approx(0.04)
+    small_first = schedule.ddp(g, backward, wire, bucket_cap_mb=25, first_bucket_mb=1)  # torch's own default
+    assert small_first.messages == 2 and small_first.exposed_s == pytest.approx(0.035)
 
 
 def test_horovod_fuses_what_each_cycle_finds_ready() -> None:
@@ -109,9 +111,9 @@ def synthetic_compare(root: Path) -> Path:
         "backward_s": 0.04,
         "optimizer_s": 0.005,
     }
-    for r, step in enumerate((0.081, 0.079)):
+    for r, step in enumerate((0.071, 0.069)):
         meta = {
-            "knobs": {"dist_backend": "gloo", "bucket_cap_mb": 25.0},
+            "knobs": {"dist_backend": "gloo", "bucket_cap_mb": 1.0},
             "compute_baseline": {**baseline, "ready": {"steps": 3, "backward_s": 0.04, "params": params}},
         }
         run_dir = make_run(root, f"ddp-r{r}", "ddp", [[step] * 30] * 2, wall=30 * step, meta=meta)
@@ -127,9 +129,9 @@ def test_project_a_compare_labels_it_and_checks_it_against_the_measured_step(tmp
     document, table = project.make(root, [2, 8], costs)
     assert document["kind"] == project.LABEL and "no stragglers" in " ".join(document["assumptions"])
     at2 = table[table.ranks == 2].iloc[0]
-    # 4 MB at 1 Gbit, 2 ranks: 32 ms on the wire; the first 1 MiB bucket (three gradients, ready at 30 ms)
-    # hides behind backward, the rest (2.5 MB, 20 ms) starts when it ends: a step of 60 + 20 ms.
-    assert at2.comm_s == pytest.approx(0.032) and at2.step_s == pytest.approx(0.08)
+    # 4 MB at 1 Gbit, 2 ranks: 32 ms on the wire, in 1 MiB buckets of three, three and two 0.5 MB gradients,
+    # ready at 15, 30 and 40 ms and 12, 12 and 8 ms long: the last ends at 50 ms, 10 ms after backward.
+    assert at2.comm_s == pytest.approx(0.032) and at2.step_s == pytest.approx(0.07)
     assert table[table.ranks == 8].iloc[0].step_s > at2.step_s
     checked = document["check"][0]
     assert checked["ranks"] == 2 and abs(checked["error"]) < 0.02
@@ -168,3 +170,16 @@ def test_a_directory_without_a_ready_schedule_says_how_to_get_one(
     make_run(tmp_path, "ddp-r0", "ddp", [[0.1] * 5] * 2, wall=0.5)
     assert cli.main(["project", str(tmp_path), "--link", "1gbit"]) == EXIT_BAD_INPUT
     assert "--compute-baseline-steps" in capsys.readouterr().err
+
+
+def test_edge_inputs_cost_nothing_and_autotuned_knobs_are_read_from_what_the_autotuner_settled_on() -> None:
+    wire = lambda nbytes: 1.0  # noqa: E731
+    assert schedule.horovod([], 0.05, wire, 0.0, 0.0, 128).exposed_s == 0
+    assert schedule.fsdp([], 0.01, 0.05, wire, wire, True).exposed_s == 0
+    g = grads(4, MB, 0.04)
+    assert schedule.horovod(g, 0.04, lambda b: 0.001, 0.0, 0.0, 128).messages >= 1  # a cycle time of 0 ends
+    item = project.Inputs(
+        "horovod@gloo", "horovod", 2, 16, {"cycle_time_ms": "autotuned", "autotuned": {"cycle_time_ms": 3.5}},
+        1, "horovod-gloo", [0.06], 0.02, 0.04, g, [], [0.07],
+    )  # fmt: skip
+    assert project.knob(item, "cycle_time_ms", 1.0) == 3.5 and project.knob(item, "fusion_threshold_mb", 128) == 128
