@@ -20,6 +20,7 @@ from backends.ddp import DDPBackend
 from benchmarks.config import DDPConfig, RunConfig
 from benchmarks.launch import TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import recorder as results
+from benchmarks.run.ready import READY_STEPS
 from benchmarks.run.trainer import BASELINE_WARMUP_STEPS, Trainer
 from tests.helpers import config, fit
 
@@ -69,11 +70,11 @@ class CountingTrainer(Trainer):
         finally:
             self.in_baseline = False
 
-    def train_step(self, micro_batches: list[list[int]], epoch: int, bare: Any = None) -> dict[str, Any]:
+    def train_step(self, micro_batches: list[list[int]], epoch: int, bare: Any = None, *rest: Any) -> dict[str, Any]:
         backend = self.backend
         assert isinstance(backend, HookedDDP)
         seq, hooks = collectives_so_far(), backend.gradient_allreduces
-        row = super().train_step(micro_batches, epoch, bare)
+        row = super().train_step(micro_batches, epoch, bare, *rest)
         counts = (collectives_so_far() - seq, backend.gradient_allreduces - hooks)
         self.counts["baseline" if self.in_baseline else "training"].append(counts)
         return row
@@ -128,7 +129,9 @@ def test_the_baseline_makes_no_collective(hooked_runs) -> None:
     for counts in (run for rank in ranks for run in rank.values()):
         # The counters see the gradient allreduce: every training step issues one, through the hook.
         assert counts["training"] and all(seq >= 1 and hooks >= 1 for seq, hooks in counts["training"])
-        assert len(counts["baseline"]) == BASELINE_WARMUP_STEPS + BASELINE_STEPS
+        assert (
+            len(counts["baseline"]) == BASELINE_WARMUP_STEPS + BASELINE_STEPS + READY_STEPS
+        )  # the ready schedule's too
         assert all(step == [0, 0] for step in counts["baseline"]), counts["baseline"]
 
 

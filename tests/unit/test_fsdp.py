@@ -23,6 +23,7 @@ from benchmarks.config import DDPConfig, FSDPConfig, RunConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import workloads
+from benchmarks.run.ready import READY_STEPS
 from benchmarks.run.trainer import BASELINE_WARMUP_STEPS, Trainer
 from tests.helpers import TINY_GPT2, config, fit, single_backend
 
@@ -113,9 +114,9 @@ class Probe(Trainer):
         finally:
             self.in_baseline = False
 
-    def train_step(self, micro_batches: Any, epoch: int, bare: Any = None) -> dict[str, Any]:
+    def train_step(self, micro_batches: Any, epoch: int, bare: Any = None, *rest: Any) -> dict[str, Any]:
         before = collectives_so_far(self.backend) if isinstance(self.backend, FSDPBackend) else 0
-        row = super().train_step(micro_batches, epoch, bare)
+        row = super().train_step(micro_batches, epoch, bare, *rest)
         if isinstance(self.backend, FSDPBackend):
             made = collectives_so_far(self.backend) - before
             self.counts["baseline" if self.in_baseline else "training"].append(made)
@@ -239,7 +240,9 @@ def test_the_compute_baseline_makes_no_collective(two) -> None:
     for rank in ranks:
         counts = rank["counts"]["fsdp-sgd"]
         assert counts["training"] and all(n >= 1 for n in counts["training"])  # the counter sees FSDP2's
-        assert len(counts["baseline"]) == BASELINE_WARMUP_STEPS + BASELINE_STEPS
+        assert (
+            len(counts["baseline"]) == BASELINE_WARMUP_STEPS + BASELINE_STEPS + READY_STEPS
+        )  # the ready schedule's too
         assert counts["baseline"] == [0] * len(counts["baseline"]), counts["baseline"]
 
 

@@ -20,6 +20,7 @@ from benchmarks.config import DDPConfig, NoOptions, RunConfig
 from benchmarks.launch import PYTHON, TORCHRUN, LaunchInfo, rendezvous
 from benchmarks.run import recorder as results
 from benchmarks.run import workloads
+from benchmarks.run.ready import READY_STEPS
 from benchmarks.run.trainer import BASELINE_WARMUP_STEPS, VALIDATION_BUFFERS, Trainer
 from tests.helpers import config, fit, reference_train_losses, single_backend
 
@@ -97,9 +98,9 @@ class StepClock(Trainer):
         super().__init__(*args, **kwargs)
         self.steps: list[tuple[float, float]] = []
 
-    def train_step(self, micro_batches: list[list[int]], epoch: int, bare: Any = None) -> dict[str, Any]:
+    def train_step(self, micro_batches: list[list[int]], epoch: int, bare: Any = None, *rest: Any) -> dict[str, Any]:
         start = time.perf_counter()
-        row = super().train_step(micro_batches, epoch, bare)
+        row = super().train_step(micro_batches, epoch, bare, *rest)
         self.steps.append((start, time.perf_counter()))
         return row
 
@@ -113,7 +114,7 @@ def test_no_collective_inside_a_step_and_none_per_step(tmp_path) -> None:
         backend = RecordingBackend(cfg, NoOptions(), LaunchInfo(launcher=PYTHON))
         backend.init()
         trainer = fit(backend, cfg, tmp_path / f"s{steps}", trainer_cls=StepClock)
-        assert len(trainer.steps) == 2 * steps + BASELINE_WARMUP_STEPS + cfg.compute_baseline_steps  # baseline too
+        assert len(trainer.steps) == 2 * steps + BASELINE_WARMUP_STEPS + cfg.compute_baseline_steps + READY_STEPS
         inside = [(name, t) for name, t in backend.calls for a, b in trainer.steps if a <= t <= b]
         assert not inside, f"collectives inside a timed step: {inside}"
         counts.append(len(backend.calls))
