@@ -14,16 +14,14 @@ At the world sizes the compare ran, the projection is set beside the measured st
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
-from benchmarks.analysis import collectives, costmodel, decision, load, rundir, schedule, why
+from benchmarks.analysis import collectives, costmodel, decision, load, rundir, schedule, stats, why
 from benchmarks.analysis.costmodel import Fit
 from benchmarks.errors import InputError
 from benchmarks.run import recorder as results
@@ -50,6 +48,7 @@ class Inputs:
 
     variant: str
     backend: str
+    workload: str
     world_size: int
     samples_per_rank: float
     knobs: dict[str, Any]
@@ -67,11 +66,9 @@ class Inputs:
 
 
 def _interval(values: list[float]) -> tuple[float, float, float]:
-    mean = float(np.mean(values))
-    if len(values) < 2:
-        return mean, mean, mean
-    half = float(scipy_stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
-    return mean, mean - half, mean + half
+    """The mean and its 95 % t-interval from 2 runs up; from 1 the mean alone, as both bounds."""
+    mean, low, high = stats.mean_ci(values, least=2)
+    return (mean, mean, mean) if np.isnan(low) else (mean, low, high)
 
 
 def fsdp_impl(meta: dict[str, Any]) -> str | None:
@@ -107,6 +104,7 @@ def inputs(path: Path) -> list[Inputs]:
             Inputs(
                 variant,
                 meta["backend"],
+                meta["workload"],
                 world,
                 meta["global_batch"] / world,
                 meta.get("knobs") or {},
@@ -307,7 +305,7 @@ def make(path: Path, ranks: list[int], costs: Costs) -> tuple[dict[str, Any], pd
     document = {
         "kind": LABEL,
         "source": str(path),
-        "workload": load.load_runs(path).runs["workload"].iloc[0],
+        "workload": items[0].workload,
         "samples_per_rank": {i.variant: i.samples_per_rank for i in items},
         "ranks": ranks,
         "assumptions": list(ASSUMPTIONS),

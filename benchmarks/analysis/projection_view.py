@@ -11,6 +11,7 @@ import pandas as pd
 
 from benchmarks import files
 from benchmarks.analysis.project import CSV, FIGURE, JSON, LABEL
+from benchmarks.config import format_size
 
 
 def write(out: Path, document: dict[str, Any], table: pd.DataFrame) -> None:
@@ -65,7 +66,7 @@ def words(document: dict[str, Any]) -> list[str]:
         worst = cost["worst_residual"]
         sizes = [r["size_bytes"] for r in cost["residuals"] if r["in_fit"]]
         fitted = (
-            f"; fitted over {_size(min(sizes))}–{_size(max(sizes))}, worst residual {worst:+.0%}"
+            f"; fitted over {format_size(int(min(sizes)))}–{format_size(int(max(sizes)))}, worst residual {worst:+.0%}"
             if worst is not None
             else " (given, not measured)"
         )
@@ -139,10 +140,3 @@ def report_section(paths: list[str | Path], out: Path) -> tuple[Path | None, pd.
             shown = table[["variant", "ranks", "step_s", "step_low_s", "step_high_s", "samples_per_s", "efficiency"]]
             return figure(document, out / FIGURE), shown.assign(hidden_share=table["hidden_share"])
     return None
-
-
-def _size(nbytes: float) -> str:
-    for unit, scale in (("MiB", 1024**2), ("KiB", 1024)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes:g} B"

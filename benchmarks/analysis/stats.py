@@ -44,6 +44,18 @@ def log_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, fl
     return centre, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
 
 
+def mean_ci(values: Sequence[float], least: int = MIN_RUNS, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and a Student-t interval, NaN values left out; NaN bounds with fewer than `least` values."""
+    data = np.asarray(values, dtype=float)
+    data = data[~np.isnan(data)]
+    if not len(data):
+        return np.nan, np.nan, np.nan
+    if len(data) < max(least, 2):
+        return float(data.mean()), np.nan, np.nan
+    half = float(stats.sem(data) * stats.t.ppf((1 + confidence) / 2, len(data) - 1))
+    return float(data.mean()), float(data.mean() - half), float(data.mean() + half)
+
+
 def ratio_ci(
     numerator: Sequence[float], denominator: Sequence[float], confidence: float = 0.95
 ) -> tuple[float, float, float]:

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from benchmarks.analysis import collectives, rundir, stats, timeline
 from benchmarks.analysis.load import RunSet
@@ -79,17 +78,6 @@ def per_run(rs: RunSet) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _mean_ci(values: pd.Series) -> tuple[float, float, float]:
-    """Mean with a Student-t interval (NaN bounds with fewer than stats.MIN_RUNS values)."""
-    data = values.dropna().to_numpy(dtype=float)
-    if not len(data):
-        return np.nan, np.nan, np.nan
-    if len(data) < stats.MIN_RUNS:
-        return float(data.mean()), np.nan, np.nan
-    half = float(scipy_stats.sem(data) * scipy_stats.t.ppf(0.975, len(data) - 1))
-    return float(data.mean()), float(data.mean() - half), float(data.mean() + half)
-
-
 def _ms(value: float, lo: float = np.nan, hi: float = np.nan) -> str:
     if np.isnan(value):
         return "—"
@@ -128,7 +116,7 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
     for key, group in runs.groupby([*SETUP, "variant"], sort=False):
         setup, variant = key[:-1], key[-1]
         first = group.iloc[0]
-        parts = {p: _mean_ci(group[p]) for p in ("step_ms", *PARTS)}
+        parts = {p: stats.mean_ci(group[p]) for p in ("step_ms", *PARTS)}
         alone = alone_ms(allreduce, first["impl"], int(first["world_size"]), first["dtype"], first["gradient_bytes"])
         exposed = parts["exposed_comm_ms"][0]
         hidden = min(1.0, max(0.0, 1 - exposed / alone)) if alone > 0 and not np.isnan(exposed) else np.nan
@@ -177,7 +165,7 @@ def _exposed_low(runs: pd.DataFrame | None, row: Any) -> float:
     if runs is None or not len(runs):
         return np.nan
     here = _of_setup(runs, row)
-    return _mean_ci(here[here.variant == row.variant]["exposed_comm_ms"])[1]
+    return stats.mean_ci(here[here.variant == row.variant]["exposed_comm_ms"])[1]
 
 
 def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.DataFrame | None = None) -> list[str]:

@@ -47,14 +47,14 @@ def record(hosts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def parse_rate(text: str, option: str = "--link") -> int | None:
+def parse_rate(text: str) -> int | None:
     """'1gbit', '100mbit', '2.5gbit', '500kbit' → bits per second; 'unlimited' → None."""
     text = str(text).strip().lower()
     if text == UNLIMITED:
         return None
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", text)
     if not match or float(match.group(1)) <= 0:
-        raise InputError(f"{option} takes a rate such as 1gbit, 10gbit, 100mbit or 'unlimited'; got {text!r}")
+        raise InputError(f"--link takes a rate such as 1gbit, 10gbit, 100mbit or 'unlimited'; got {text!r}")
     return int(float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)])
 
 

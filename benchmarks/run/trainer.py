@@ -260,17 +260,18 @@ class Trainer:
             if i >= BASELINE_WARMUP_STEPS:
                 mine.append([row[k] for k in BASELINE_PHASES])
             self._beat()
-        taken = iter(range(BASELINE_WARMUP_STEPS + n, BASELINE_WARMUP_STEPS + n + ready.READY_STEPS))
+        taken = [BASELINE_WARMUP_STEPS + n]  # the steps after the timed ones, in turn
 
         def clocked(begin: Callable[[], None], end: Callable[[], None]) -> None:
-            self.train_step(steps[next(taken) % len(steps)], 0, bare, (begin, end))
+            self.train_step(steps[taken[0] % len(steps)], 0, bare, (begin, end))
+            taken[0] += 1
             self._beat()
 
         schedule = ready.measure(model, clocked, self.device)  # steps of its own, after the timed ones
         slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*self.backend.all_gather_object(mine), strict=True)]
         self.baseline = {
             "steps": n,
-            **{f"{k}": statistics.median(r[i] for r in slowest) for i, k in enumerate(BASELINE_PHASES)},
+            **{k: statistics.median(r[i] for r in slowest) for i, k in enumerate(BASELINE_PHASES)},
             "ready": schedule,
         }
         return [r[0] for r in slowest]

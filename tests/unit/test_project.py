@@ -179,7 +179,8 @@ def test_edge_inputs_cost_nothing_and_autotuned_knobs_are_read_from_what_the_aut
     g = grads(4, MB, 0.04)
     assert schedule.horovod(g, 0.04, lambda b: 0.001, 0.0, 0.0, 128).messages >= 1  # a cycle time of 0 ends
     item = project.Inputs(
-        "horovod@gloo", "horovod", 2, 16, {"cycle_time_ms": "autotuned", "autotuned": {"cycle_time_ms": 3.5}},
+        "horovod@gloo", "horovod", "transformer", 2, 16,
+        {"cycle_time_ms": "autotuned", "autotuned": {"cycle_time_ms": 3.5}},
         1, "horovod-gloo", [0.06], 0.02, 0.04, g, [], [0.07],
     )  # fmt: skip
     assert project.knob(item, "cycle_time_ms", 1.0) == 3.5 and project.knob(item, "fusion_threshold_mb", 128) == 128
