@@ -304,10 +304,9 @@ def allreduce_problems(run_dir: Path) -> list[str]:
     version = meta.get("schema_version")
     keys = (*ALLREDUCE_KEYS, "collective") if version != 1 else ALLREDUCE_KEYS
     problems = [f"{run_json}: missing key '{k}'" for k in keys if k not in meta]
-    if version not in (1, rank_side.SCHEMA_VERSION):
-        problems.append(
-            f"{run_json}: schema_version {version!r} is not one this distbench knows (1, {rank_side.SCHEMA_VERSION})"
-        )
+    if version not in rank_side.SCHEMA_COLUMNS:
+        known = ", ".join(map(str, rank_side.SCHEMA_COLUMNS))
+        problems.append(f"{run_json}: schema_version {version!r} is not one this distbench knows ({known})")
     if meta.get("collective", "allreduce") not in ALLREDUCE_COLLECTIVES:
         problems.append(
             f"{run_json}: collective {meta.get('collective')!r} is not one of {', '.join(ALLREDUCE_COLLECTIVES)}"
@@ -326,10 +325,20 @@ def allreduce_problems(run_dir: Path) -> list[str]:
     if text and not text.endswith("\n"):
         problems.append(f"{rank_side.CSV_NAME}: the last line is cut off (no newline)")
     rows = pd.read_csv(path, dtype=str, keep_default_na=False)
-    columns = rank_side.LEGACY_COLUMNS if meta["schema_version"] == 1 else rank_side.COLUMNS
+    columns = rank_side.SCHEMA_COLUMNS[meta["schema_version"]]
     if tuple(rows.columns) != columns:
         return [*problems, f"{rank_side.CSV_NAME}: header is {','.join(rows.columns)}, expected {','.join(columns)}"]
     return problems + _allreduce_rows(rows, meta, status)
+
+
+CPU_COLUMNS = ("cpu_mean_s", "caller_cpu_mean_s")
+
+
+def _non_negative(text: str) -> bool:
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return False
 
 
 def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
@@ -357,7 +366,7 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
             problems.append(f"{where} elements × {meta.get('dtype')} width ≠ size_bytes, or iterations < 1")
         timed = ("time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps")
         if row["correct"] != "True":
-            if any(row[c] != "" for c in timed):
+            if any(row.get(c, "") != "" for c in (*timed, *CPU_COLUMNS)):
                 problems.append(f"{where} a wrong result claims a time or bandwidth")
             if status == "completed":
                 problems.append(f"{where} a completed run has a wrong result")
@@ -370,6 +379,9 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
         if not (0 < low <= mean * (1 + RELATIVE_TOLERANCE) and mean <= high * (1 + RELATIVE_TOLERANCE)):
             problems.append(f"{where} not 0 < time_min_s <= time_mean_s <= time_max_s")
             continue
+        for c in CPU_COLUMNS:
+            if c in row and not _non_negative(row[c]):
+                problems.append(f"{where} {c} {row[c]!r} is not a number of seconds ≥ 0")
         if not math.isclose(alg, rank_side.algbw_gbps(size, mean), rel_tol=1e-6):
             problems.append(f"{where} algbw_gbps {alg} is not size_bytes / time_mean_s / 1e9")
         expected = rank_side.busbw_gbps(size, mean, world, collective) if world else bus

@@ -9,7 +9,9 @@ reduce-scatter and all-gather take half of each. With α the time of one step an
 α and β come from a fit of `distbench allreduce` results (one implementation, one collective, the world size
 it ran at), or from a link one does not have (`--link 25gbit --latency 5us`: β = 8 ÷ rate, α = latency).
 The fit is weighted by each time's own size (relative residuals): a 4-byte call and a 64 MiB one count
-alike. Its residuals are kept and shown; the band is the fit's 95 % intervals on α and β.
+alike. Its residuals are kept and shown; the band is the fit's 95 % intervals on α and β. Where the sweep
+recorded each call's CPU time, the same form is fitted to it: what a collective takes from a core it shares
+with compute.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Fit:
     high: Cost
     world_size: int | None = None
     residuals: list[dict[str, Any]] = field(default_factory=list)
+    cpu: Cost | None = None
+    """The same ring form fitted to the CPU time a call takes from its process (the sweep's `cpu_mean_s`);
+    None for a given link or a sweep from before that column."""
     """Per measured size: `size_bytes`, `measured_s`, `fitted_s`, `residual` ((fitted − measured) ÷ measured),
     `in_fit` (whether the fit used it)."""
 

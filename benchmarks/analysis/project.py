@@ -33,7 +33,8 @@ ASSUMPTIONS = (
     "all-gather half of each",
     "per-rank compute unchanged by N: the compute baseline as measured at the compare's placement",
     "no stragglers: every rank ends backward together",
-    "communication takes no compute from the training thread (wrong where a rank has one core; see docs/benchmarks.md)",
+    "on CPU, a collective's CPU time (measured by the sweep) while backward runs is taken from compute, and "
+    "lengthens the step by as much; on a GPU it takes none, nor with a given link",
 )
 JSON, CSV, FIGURE = "projection.json", "projection.csv", "projection.png"
 MODELLED = ("ddp", "horovod", "fsdp")
@@ -54,6 +55,7 @@ class Inputs:
     knobs: dict[str, Any]
     accumulate: int
     impl: str | None
+    device: str
     compute_s: list[float]
     """Each run's compute-baseline step (median of its steps)."""
     forward_s: float
@@ -110,6 +112,7 @@ def inputs(path: Path) -> list[Inputs]:
                 meta.get("knobs") or {},
                 k,
                 why.impl_of(meta) or fsdp_impl(meta),
+                str(meta.get("config", {}).get("device", "cpu")),
                 [float(b["step_s"]) for b in baselines],
                 float(np.median([b["forward_s"] for b in baselines])) / k,
                 backward,
@@ -129,18 +132,28 @@ def inputs(path: Path) -> list[Inputs]:
 def fits_from(allreduce_dir: Path) -> dict[tuple[str, str], Fit]:
     """Per (implementation, collective): the fit at the largest world size measured (float32)."""
     frame = collectives.load(allreduce_dir)
-    frame = frame[frame["correct"] & frame["time_mean_s"].notna() & (frame["dtype"] == "float32")]
+    return fits_from_frame(frame[frame["correct"] & (frame["dtype"] == "float32")], str(allreduce_dir))
+
+
+def fits_from_frame(frame: pd.DataFrame, source: str) -> dict[tuple[str, str], Fit]:
+    """`fits_from` over a sweep's correct rows; `source` names it in each fit's label."""
+    frame = frame[frame["time_mean_s"].notna()]
     out: dict[tuple[str, str], Fit] = {}
     for (impl, collective), rows in frame.groupby(["impl", "collective"]):
         if rows["world_size"].max() < 2:
             continue
         n = int(rows["world_size"].max())
-        at = rows[rows["world_size"] == n].groupby("size_bytes")["time_mean_s"].median()
-        label = f"{impl} {collective}, {n} ranks ({allreduce_dir})"
+        at = rows[rows["world_size"] == n].groupby("size_bytes")
+        label = f"{impl} {collective}, {n} ranks ({source})"
         wait = HOROVOD_SWEEP_CYCLE_S / 2 if str(impl).startswith("horovod") else 0.0
-        out[(str(impl), str(collective))] = costmodel.fit(
-            list(at.index), list(at.to_numpy()), collective, n, label, wait
-        )
+        times = at["time_mean_s"].median()
+        found = costmodel.fit(list(times.index), list(times.to_numpy()), collective, n, label, wait)
+        if {"cpu_mean_s", "caller_cpu_mean_s"} <= set(rows.columns):  # sweeps before schema 3 lack them
+            # The collective's own threads' CPU: the process's less the caller's, who only waits for it.
+            cpu = (at["cpu_mean_s"].median() - at["caller_cpu_mean_s"].median()).clip(lower=1e-9)
+            if cpu.notna().all():
+                found.cpu = costmodel.fit(list(cpu.index), list(cpu.to_numpy()), collective, n, label).cost
+        out[(str(impl), str(collective))] = found
     return out
 
 
@@ -178,19 +191,25 @@ def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: boo
     def wire(collective: str, chosen: costmodel.Cost = cost) -> schedule.Wire:
         return lambda nbytes: chosen.time(collective, nbytes, n)
 
+    # On CPU the sweep's CPU time per call is what communication takes from compute; a GPU computes apart.
+    cpu = wire("allreduce", fit.cpu) if fit.cpu is not None and item.device == "cpu" else None
+
     # fp16 compression halves what DDP buckets and Horovod fuses; FSDP2 reduces in fp16 but gathers in fp32.
     grads = [schedule.Gradient(g.name, g.nbytes / 2, g.ready_s) for g in item.grads] if fp16 else item.grads
     if item.backend == "ddp":
         # distbench always hands DDP bucket_cap_mb, and torch then makes the first bucket that size too.
         cap = knob(item, "bucket_cap_mb", 25.0)
-        return schedule.ddp(grads, item.backward_s, wire("allreduce"), cap, overlap)
+        return schedule.ddp(grads, item.backward_s, wire("allreduce"), cap, overlap, cpu=cpu)
     if item.backend == "horovod":
         # A given link has no agreement in it; Horovod's own sweep does (its fit's α), so none is added to it.
         negotiate = 2 * (n - 1) * cost.alpha_s if fit is costs.link else 0.0
         cycle, fusion = knob(item, "cycle_time_ms", 1.0), knob(item, "fusion_threshold_mb", 128.0)
-        return schedule.horovod(grads, item.backward_s, wire("allreduce"), negotiate, cycle, fusion, overlap)
+        return schedule.horovod(grads, item.backward_s, wire("allreduce"), negotiate, cycle, fusion, overlap, cpu)
     gather, scatter = (costs.of(item, c) or fit for c in ("all_gather", "reduce_scatter"))
     scatter_wire = wire("reduce_scatter", getattr(scatter, end))
+    on_cpu = item.device == "cpu"
+    cpu_gather = wire("all_gather", gather.cpu) if on_cpu and gather.cpu is not None else None
+    cpu_scatter = wire("reduce_scatter", scatter.cpu) if on_cpu and scatter.cpu is not None else None
     return schedule.fsdp(
         schedule.units_of(item.grads, item.units),
         item.forward_s,
@@ -200,6 +219,8 @@ def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: boo
         bool(item.knobs.get("reshard_after_forward", True)),
         overlap,
         item.accumulate,
+        cpu_gather,
+        (lambda nbytes: cpu_scatter(nbytes / 2)) if fp16 and cpu_scatter else cpu_scatter,
     )
 
 
@@ -213,18 +234,19 @@ def project(items: list[Inputs], costs: Costs, ranks: list[int], overlap: bool =
             mid, low, high = (simulate(item, costs, n, end, overlap) for end in ("cost", "low", "high"))
             if mid is None or low is None or high is None:
                 continue
-            step = compute + mid.exposed_s
+            step = compute + mid.exposed_s + mid.taken_s
             rows.append(
                 {
                     "variant": item.variant,
                     "ranks": n,
                     "step_s": step,
-                    "step_low_s": compute_low + low.exposed_s,
-                    "step_high_s": compute_high + high.exposed_s,
+                    "step_low_s": compute_low + low.exposed_s + low.taken_s,
+                    "step_high_s": compute_high + high.exposed_s + high.taken_s,
                     "samples_per_s": n * item.samples_per_rank / step,
                     "efficiency": compute / step,
                     "comm_s": mid.comm_s,
                     "exposed_s": mid.exposed_s,
+                    "cpu_taken_s": mid.taken_s,
                     "hidden_share": mid.hidden_share,
                     "messages": mid.messages,
                     "compute_s": compute,
@@ -241,7 +263,7 @@ def check(items: list[Inputs], costs: Costs, overlap: bool = True) -> pd.DataFra
         outcome = simulate(item, costs, item.world_size, "cost", overlap)
         if outcome is None:
             continue
-        projected = float(np.mean(item.compute_s)) + outcome.exposed_s
+        projected = float(np.mean(item.compute_s)) + outcome.exposed_s + outcome.taken_s
         measured, low, high = _interval(item.measured_s)
         rows.append(
             {
@@ -316,6 +338,8 @@ def make(path: Path, ranks: list[int], costs: Costs) -> tuple[dict[str, Any], pd
                 "label": f.label,
                 "alpha_s": f.cost.alpha_s,
                 "beta_s_per_byte": f.cost.beta_s_per_byte,
+                "cpu_alpha_s": None if f.cpu is None else f.cpu.alpha_s,
+                "cpu_beta_s_per_byte": None if f.cpu is None else f.cpu.beta_s_per_byte,
                 "worst_residual": f.worst_residual,
                 "residuals": f.residuals,
             }

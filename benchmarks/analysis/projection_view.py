@@ -78,6 +78,12 @@ def words(document: dict[str, Any]) -> list[str]:
                 else "no per-byte cost"
             )
             + fitted
+            + (
+                f"; CPU per call {cost['cpu_alpha_s'] * 1e6:.1f} µs per ring step + "
+                f"{cost['cpu_beta_s_per_byte'] * 1e9:.2f} ns per byte"
+                if cost.get("cpu_alpha_s") is not None
+                else ""
+            )
         )
     projected = pd.DataFrame(document["projected"])
     by_n = {p["ranks"]: p for p in document["picks"]}
@@ -89,10 +95,12 @@ def words(document: dict[str, Any]) -> list[str]:
             hidden = (
                 "" if r.hidden_share != r.hidden_share or r.hidden_share is None else f", {r.hidden_share:.0%} hidden"
             )
+            taken = getattr(r, "cpu_taken_s", 0.0)
+            cpu = f", {taken * 1e3:.1f} ms of compute's CPU" if taken and taken == taken else ""
             lines.append(
                 f"  {r.variant:<16} step {r.step_s * 1e3:8.1f} ms ({r.step_low_s * 1e3:.1f}–{r.step_high_s * 1e3:.1f})"
                 f"  {r.samples_per_s:10.1f} samples/s  efficiency {r.efficiency:.0%}"
-                f"  communication {r.comm_s * 1e3:.1f} ms{hidden}"
+                f"  communication {r.comm_s * 1e3:.1f} ms{hidden}{cpu}"
             )
     if document["not_projected"]:
         lines.append(f"not projected (no cost for their collectives): {', '.join(document['not_projected'])}")

@@ -14,6 +14,11 @@ step communicate nothing). The wire carries one message at a time, in the order 
   after forward, again before its backward (prefetched one unit ahead), and its gradients reduce-scattered
   after its backward. A unit's forward takes the forward's time in proportion to its share of backward.
 
+Where a collective's CPU time is known (`cpu`, seconds per message like `Wire`), the part of it spent while
+backward runs is reported as `taken_s`: on a CPU rank, compute and communication share the cores, so that
+time lengthens the step (first order: it delays backward and nothing after it). FSDP2's counts its
+backward's prefetched gathers and its reduce-scatters; its forward's gathers stall compute, which waits.
+
 `overlap=False` (the negative control) sends every gradient message only after backward has ended (FSDP2's
 all-gathers stay where they are: a unit cannot compute without its parameters).
 """
@@ -47,20 +52,34 @@ class Outcome:
     comm_s: float
     """Every message's time on the wire, summed."""
     messages: int
+    taken_s: float = 0.0
+    """CPU time of the messages on the wire while backward runs (their share of it), when `cpu` was given."""
 
     @property
     def hidden_share(self) -> float | None:
         return None if self.comm_s <= 0 else max(0.0, min(1.0, 1 - self.exposed_s / self.comm_s))
 
 
-def _send(messages: Sequence[tuple[float, float]], wire: Wire, backward_s: float, overlap: bool) -> Outcome:
+def _during_backward(start: float, took: float, backward_s: float) -> float:
+    """The share of a message on the wire from `start` for `took` seconds that falls before backward ends."""
+    if took <= 0:
+        return 0.0
+    return max(0.0, min(1.0, (backward_s - start) / took))
+
+
+def _send(
+    messages: Sequence[tuple[float, float]], wire: Wire, backward_s: float, overlap: bool, cpu: Wire | None = None
+) -> Outcome:
     """Messages (issue time, bytes), in issue order, one at a time on the wire."""
-    end, total = 0.0, 0.0
+    end, total, taken = 0.0, 0.0, 0.0
     for issued, nbytes in messages:
         took = wire(nbytes)
-        end = max(end, issued if overlap else backward_s) + took
+        start = max(end, issued if overlap else backward_s)
+        if cpu is not None:
+            taken += cpu(nbytes) * _during_backward(start, took, backward_s)
+        end = start + took
         total += took
-    return Outcome(max(0.0, end - backward_s), total, len(messages))
+    return Outcome(max(0.0, end - backward_s), total, len(messages), taken)
 
 
 def buckets(
@@ -85,6 +104,7 @@ def ddp(
     bucket_cap_mb: float,
     overlap: bool = True,
     first_bucket_mb: float | None = None,
+    cpu: Wire | None = None,
 ) -> Outcome:
     """`first_bucket_mb`: None when the first bucket is capped like the rest (DDP given `bucket_cap_mb`)."""
     issued, messages = 0.0, []
@@ -92,7 +112,7 @@ def ddp(
     for bucket in buckets(grads, bucket_cap_mb * MiB, first):
         issued = max(issued, max(g.ready_s for g in bucket))  # launched in bucket order
         messages.append((issued, sum(g.nbytes for g in bucket)))
-    return _send(messages, wire, backward_s, overlap)
+    return _send(messages, wire, backward_s, overlap, cpu)
 
 
 def horovod(
@@ -103,6 +123,7 @@ def horovod(
     cycle_time_ms: float,
     fusion_threshold_mb: float,
     overlap: bool = True,
+    cpu: Wire | None = None,
 ) -> Outcome:
     if not grads:
         return Outcome(0.0, 0.0, 0)
@@ -112,7 +133,16 @@ def horovod(
     for phase in range(HOROVOD_PHASES):
         pending = sorted(grads, key=lambda g: g.ready_s)
         start = cycle * phase / HOROVOD_PHASES if overlap else backward_s
-        total, messages = 0.0, 0
+        total, messages, taken = 0.0, 0, 0.0
+
+        def sent(nbytes: float, at: float) -> float:
+            nonlocal total, messages, taken
+            took = wire(nbytes)
+            total, messages = total + took, messages + 1
+            if cpu is not None:
+                taken += cpu(nbytes) * _during_backward(at, took, backward_s)
+            return at + took
+
         while pending:
             now = start + negotiate_s
             ready = [g for g in pending if g.ready_s <= start]
@@ -120,20 +150,18 @@ def horovod(
             group = 0.0
             for g in ready:  # fused in ready order, each buffer up to the threshold (0: no fusion)
                 if group and group + g.nbytes > fusion:
-                    now += wire(group)
-                    total, messages, group = total + wire(group), messages + 1, 0.0
+                    now, group = sent(group, now), 0.0
                 group += g.nbytes
             if group:
-                now += wire(group)
-                total, messages = total + wire(group), messages + 1
+                now = sent(group, now)
             start = max(start + cycle, now)
-        done = now
-        results.append(Outcome(max(0.0, done - backward_s), total, messages))
+        results.append(Outcome(max(0.0, now - backward_s), total, messages, taken))
     n = len(results)
     return Outcome(
         sum(r.exposed_s for r in results) / n,
         sum(r.comm_s for r in results) / n,
         round(sum(r.messages for r in results) / n),
+        sum(r.taken_s for r in results) / n,
     )
 
 
@@ -166,6 +194,8 @@ def fsdp(
     reshard_after_forward: bool,
     overlap: bool = True,
     accumulate: int = 1,
+    cpu_gather: Wire | None = None,
+    cpu_scatter: Wire | None = None,
 ) -> Outcome:
     """Forward then backward of FSDP2's units; `exposed_s` is the step's growth over the bare compute.
 
@@ -192,16 +222,26 @@ def fsdp(
     if regather[0]:
         wire_free = have[0] = gathers[0]
     compute = have[0]
+    on_wire: list[tuple[float, float, float]] = []  # (start, seconds, CPU seconds) of backward's messages
     for i in range(len(order)):
         start = max(compute, have[i])
         if i + 1 < len(order) and regather[i + 1]:
-            wire_free = have[i + 1] = max(wire_free, start) + gathers[i + 1]
+            begin = max(wire_free, start)
+            wire_free = have[i + 1] = begin + gathers[i + 1]
+            on_wire.append((begin, gathers[i + 1], cpu_gather(order[i + 1].nbytes) if cpu_gather else 0.0))
         compute = start + spans[i]
-        wire_free = max(wire_free, compute if overlap else max(compute, backward_s)) + scatters[i]
+        begin = max(wire_free, compute if overlap else max(compute, backward_s))
+        wire_free = begin + scatters[i]
+        on_wire.append((begin, scatters[i], cpu_scatter(order[i].nbytes) if cpu_scatter else 0.0))
     end = max(wire_free, compute)
+    # What of it falls while backward computes; the stalls between units are not compute's time.
+    taken = sum(c * _during_backward(b, t, compute) for b, t, c in on_wire)
     gathered = sum(gathers) + sum(g for g, r in zip(gathers, regather, strict=True) if r)
     earlier = (accumulate - 1) * gathered
     exposed = forward_exposed + max(0.0, end - backward_s) + earlier
     return Outcome(
-        exposed, accumulate * gathered + sum(scatters), accumulate * (len(order) + sum(regather)) + len(order)
+        exposed,
+        accumulate * gathered + sum(scatters),
+        accumulate * (len(order) + sum(regather)) + len(order),
+        taken,
     )

@@ -50,8 +50,9 @@ from benchmarks.run.progress import progress
 from benchmarks.run.recorder import RUN_JSON, write_json_atomic
 
 KIND = "allreduce"
-SCHEMA_VERSION = 2
-"""2: the `collective` column and run.json key (schema 1 runs are allreduce, and still pass the check)."""
+SCHEMA_VERSION = 3
+"""2: the `collective` column and run.json key (schema 1 runs are allreduce, and still pass the check);
+3: the `cpu_mean_s` and `caller_cpu_mean_s` columns."""
 CSV_NAME = "allreduce.csv"
 COLUMNS = (
     "run_id",
@@ -72,9 +73,15 @@ COLUMNS = (
     "algbw_gbps",
     "busbw_gbps",
     "correct",
+    "cpu_mean_s",
+    "caller_cpu_mean_s",
 )
-LEGACY_COLUMNS = tuple(c for c in COLUMNS if c != "collective")
-"""Schema 1's header."""
+SCHEMA_COLUMNS = {
+    1: tuple(c for c in COLUMNS if c not in ("collective", "cpu_mean_s", "caller_cpu_mean_s")),
+    2: tuple(c for c in COLUMNS if c not in ("cpu_mean_s", "caller_cpu_mean_s")),
+    3: COLUMNS,
+}
+"""Each schema's header."""
 WARMUP_BYTES = 64 << 20
 TARGET_S = 0.5
 MIN_ITERS, MAX_ITERS = 5, 100_000
@@ -142,8 +149,17 @@ def _append(path: Path, rows: list[dict[str, Any]], header: bool = False) -> Non
         os.fsync(handle.fileno())
 
 
-def size_row(meta: dict[str, Any], size: int, warmup: int, iters: int, per_rank: list[float], correct: bool) -> dict:
-    """The CSV row of one size from each rank's mean time; a wrong result gets no time or bandwidth."""
+def size_row(
+    meta: dict[str, Any],
+    size: int,
+    warmup: int,
+    iters: int,
+    per_rank: list[float],
+    correct: bool,
+    cpu_per_rank: list[tuple[float, float]],
+) -> dict:
+    """The CSV row of one size from each rank's mean time and CPU times (its process's, its calling
+    thread's); a wrong result gets no time or bandwidth."""
     mean = sum(per_rank) / len(per_rank)
     keys = ("run_id", "impl", "collective", "launcher", "controller", "world_size", "device", "dtype")
     row = {k: meta.get(k, "allreduce") if k == "collective" else meta[k] for k in keys}
@@ -157,6 +173,10 @@ def size_row(meta: dict[str, Any], size: int, warmup: int, iters: int, per_rank:
             time_max_s=max(per_rank),
             algbw_gbps=algbw_gbps(size, mean),
             busbw_gbps=busbw,
+        )
+        row.update(
+            cpu_mean_s=sum(c for c, _ in cpu_per_rank) / len(cpu_per_rank),
+            caller_cpu_mean_s=sum(c for _, c in cpu_per_rank) / len(cpu_per_rank),
         )
     return row
 
@@ -190,11 +210,15 @@ def sweep(
         iters = opts.iters or iteration_count(max(impl.allgather(sorted(calls)[len(calls) // 2])))
         impl.barrier()
         impl.synchronize()  # CUDA: an NCCL barrier's own kernel may still be queued; CPU: nothing
-        t0 = time.perf_counter()
+        # CPU time, the process's (every thread's) and the calling thread's: the difference is what the
+        # collective's own threads (gloo's, Horovod's background loop) take, and would take from a backward
+        # sharing their cores; the caller only waits (Horovod's wait spins, which training does after backward).
+        t0, c0, own0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(iters):
             call()
         impl.synchronize()
         mean_s = (time.perf_counter() - t0) / iters
+        cpu_s = ((time.process_time() - c0) / iters, (time.thread_time() - own0) / iters)
         watchdog.beat()
         if what == "allreduce":  # the two-argument fill a test's stand-in implementation has
             impl.fill(inp, impl.rank)
@@ -206,11 +230,11 @@ def sweep(
             impl.perturb(buf)
         wrong = check(what, impl.host(buf), impl.rank, impl.world_size)
         error = None if wrong is None else "element {} is {:g}, expected {:g}".format(*wrong)
-        gathered = impl.allgather((mean_s, error))
+        gathered = impl.allgather((mean_s, error, cpu_s))
         del inp, buf, call
-        bad = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
+        bad = [(r, e) for r, (_, e, _) in enumerate(gathered) if e is not None]
         if meta is not None:
-            row = size_row(meta, size, warm, iters, [t for t, _ in gathered], correct=not bad)
+            row = size_row(meta, size, warm, iters, [t for t, *_ in gathered], not bad, [c for *_, c in gathered])
             _append(Path(meta["run_dir"]) / CSV_NAME, [row])
         bar.update(1)
         watchdog.beat()

@@ -51,11 +51,12 @@ def test_a_csv_row_takes_the_mean_over_ranks_and_a_wrong_result_claims_nothing()
         "device": "cpu",
         "dtype": "float32",
     }
-    row = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], correct=True)
+    row = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], True, [(5e-4, 1e-4), (1e-3, 2e-4)])
     assert (row["time_mean_s"], row["time_min_s"], row["time_max_s"]) == (2e-3, 1e-3, 3e-3)
     assert row["algbw_gbps"] == pytest.approx(0.524288) and row["busbw_gbps"] == pytest.approx(0.524288)
     assert row["elements"] == MiB // 4 and set(row) == set(rank_side.COLUMNS)
-    wrong = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], correct=False)
+    assert (row["cpu_mean_s"], row["caller_cpu_mean_s"]) == (pytest.approx(7.5e-4), pytest.approx(1.5e-4))
+    wrong = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], False, [(5e-4, 1e-4), (1e-3, 2e-4)])
     assert not {"time_mean_s", "algbw_gbps", "busbw_gbps"} & set(wrong) and wrong["correct"] is False
 
 
@@ -249,7 +250,7 @@ def write_run(
     }
     rank_side._append(run_dir / rank_side.CSV_NAME, [], header=True)
     for size, seconds in rows:
-        rank_side._append(run_dir / rank_side.CSV_NAME, [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True)])
+        rank_side._append(run_dir / rank_side.CSV_NAME, [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True, [(seconds / 2, seconds / 4)] * world)])
     rank_side._write_meta(meta)
     return run_dir
 
@@ -264,6 +265,10 @@ def test_a_written_run_passes_the_check_and_tampering_is_caught(tmp_path) -> Non
     frame.to_csv(csv, index=False)
     assert any("csv:3: busbw_gbps" in p and "2(n−1)/n" in p for p in check.allreduce_problems(run_dir))
     frame.loc[1, "busbw_gbps"] /= 2
+    frame.loc[0, "cpu_mean_s"] = -1.0
+    frame.to_csv(csv, index=False)
+    assert any("csv:2: cpu_mean_s" in p for p in check.allreduce_problems(run_dir))
+    frame.loc[0, "cpu_mean_s"] = 1e-6
     frame.loc[2, "correct"] = False
     frame.to_csv(csv, index=False)
     problems = check.allreduce_problems(run_dir)

@@ -72,6 +72,29 @@ def test_ddp_hides_what_backward_covers_and_the_negative_control_hides_nothing()
     assert small_first.messages == 2 and small_first.exposed_s == pytest.approx(0.035)
 
 
+def test_the_cpu_a_message_takes_while_backward_runs_is_taken_from_compute_and_none_after_it() -> None:
+    g, backward = grads(8, MB, 0.08), 0.08
+    wire = lambda nbytes: nbytes / MB * 0.005  # noqa: E731 - 5 ms a MiB
+    cpu = lambda nbytes: nbytes / MB * 0.002  # noqa: E731 - 2 ms of CPU a MiB
+    taken = schedule.ddp(g, backward, wire, bucket_cap_mb=1, cpu=cpu)
+    assert taken.taken_s == pytest.approx(7 * 0.002)  # the last bucket goes after backward
+    assert schedule.ddp(g, backward, wire, bucket_cap_mb=1, overlap=False, cpu=cpu).taken_s == 0
+    assert schedule.ddp(g, backward, wire, bucket_cap_mb=1).taken_s == 0  # no CPU time known
+    half = schedule.ddp([schedule.Gradient("w", MB, 0.0775)], backward, wire, 1, cpu=cpu)
+    assert half.taken_s == pytest.approx(0.001)  # half of its 5 ms on the wire falls before backward ends
+    hvd = schedule.horovod(g, backward, wire, 0.0, 1.0, 128, cpu=cpu)
+    assert 0 < hvd.taken_s <= 8 * 0.002
+    sizes = [65536.0, 262144.0, 1048576.0, 4194304.0]
+    times = [2e-3 + s * 8e-9 for s in sizes]
+    frame = pd.DataFrame(
+        {"size_bytes": sizes, "time_mean_s": times, "cpu_mean_s": [t / 2 for t in times], "world_size": 2}
+    )
+    frame["caller_cpu_mean_s"] = frame["cpu_mean_s"] / 2  # the caller's half of it only waits
+    fitted = project.fits_from_frame(frame.assign(impl="torch-gloo", collective="allreduce"), "sweep")
+    cpu_cost = fitted[("torch-gloo", "allreduce")].cpu
+    assert cpu_cost is not None and cpu_cost.beta_s_per_byte == pytest.approx(2e-9, rel=1e-6)
+
+
 def test_horovod_fuses_what_each_cycle_finds_ready() -> None:
     g, backward = grads(8, MB, 0.08), 0.08
     wire = lambda nbytes: nbytes / MB * 0.005  # noqa: E731
@@ -181,6 +204,6 @@ def test_edge_inputs_cost_nothing_and_autotuned_knobs_are_read_from_what_the_aut
     item = project.Inputs(
         "horovod@gloo", "horovod", "transformer", 2, 16,
         {"cycle_time_ms": "autotuned", "autotuned": {"cycle_time_ms": 3.5}},
-        1, "horovod-gloo", [0.06], 0.02, 0.04, g, [], [0.07],
+        1, "horovod-gloo", "cpu", [0.06], 0.02, 0.04, g, [], [0.07],
     )  # fmt: skip
     assert project.knob(item, "cycle_time_ms", 1.0) == 3.5 and project.knob(item, "fusion_threshold_mb", 128) == 128
