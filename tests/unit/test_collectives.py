@@ -250,7 +250,10 @@ def write_run(
     }
     rank_side._append(run_dir / rank_side.CSV_NAME, [], header=True)
     for size, seconds in rows:
-        rank_side._append(run_dir / rank_side.CSV_NAME, [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True, [(seconds / 2, seconds / 4)] * world)])
+        rank_side._append(
+            run_dir / rank_side.CSV_NAME,
+            [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True, [(seconds / 2, seconds / 4)] * world)],
+        )
     rank_side._write_meta(meta)
     return run_dir
 
