@@ -331,9 +331,6 @@ def allreduce_problems(run_dir: Path) -> list[str]:
     return problems + _allreduce_rows(rows, meta, status)
 
 
-CPU_COLUMNS = ("cpu_mean_s", "caller_cpu_mean_s")
-
-
 def _non_negative(text: str) -> bool:
     try:
         return float(text) >= 0
@@ -366,7 +363,7 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
             problems.append(f"{where} elements × {meta.get('dtype')} width ≠ size_bytes, or iterations < 1")
         timed = ("time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps")
         if row["correct"] != "True":
-            if any(row.get(c, "") != "" for c in (*timed, *CPU_COLUMNS)):
+            if any(row.get(c, "") != "" for c in (*timed, *rank_side.CPU_COLUMNS)):
                 problems.append(f"{where} a wrong result claims a time or bandwidth")
             if status == "completed":
                 problems.append(f"{where} a completed run has a wrong result")
@@ -379,7 +376,7 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
         if not (0 < low <= mean * (1 + RELATIVE_TOLERANCE) and mean <= high * (1 + RELATIVE_TOLERANCE)):
             problems.append(f"{where} not 0 < time_min_s <= time_mean_s <= time_max_s")
             continue
-        for c in CPU_COLUMNS:
+        for c in rank_side.CPU_COLUMNS:
             if c in row and not _non_negative(row[c]):
                 problems.append(f"{where} {c} {row[c]!r} is not a number of seconds ≥ 0")
         if not math.isclose(alg, rank_side.algbw_gbps(size, mean), rel_tol=1e-6):

@@ -56,11 +56,11 @@ class Fit:
     high: Cost
     world_size: int | None = None
     residuals: list[dict[str, Any]] = field(default_factory=list)
-    cpu: Cost | None = None
-    """The same ring form fitted to the CPU time a call takes from its process (the sweep's `cpu_mean_s`);
-    None for a given link or a sweep from before that column."""
     """Per measured size: `size_bytes`, `measured_s`, `fitted_s`, `residual` ((fitted − measured) ÷ measured),
     `in_fit` (whether the fit used it)."""
+    cpu: Cost | None = None
+    """The same ring form fitted to the CPU time of the collective's own threads per call (the sweep's
+    `cpu_mean_s` − `caller_cpu_mean_s`); None for a given link or a sweep from before those columns."""
 
     @property
     def worst_residual(self) -> float | None:

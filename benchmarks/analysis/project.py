@@ -24,6 +24,7 @@ import pandas as pd
 from benchmarks.analysis import collectives, costmodel, decision, load, rundir, schedule, stats, why
 from benchmarks.analysis.costmodel import Fit
 from benchmarks.errors import InputError
+from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
 LABEL = "projection (a model, not a measurement)"
@@ -33,8 +34,8 @@ ASSUMPTIONS = (
     "all-gather half of each",
     "per-rank compute unchanged by N: the compute baseline as measured at the compare's placement",
     "no stragglers: every rank ends backward together",
-    "on CPU, a collective's CPU time (measured by the sweep) while backward runs is taken from compute, and "
-    "lengthens the step by as much; on a GPU it takes none, nor with a given link",
+    "on CPU, the CPU time of a collective's own threads (measured by the sweep) while backward runs is taken "
+    "from compute, and lengthens the step by as much; on a GPU it takes none, nor with a given link",
 )
 JSON, CSV, FIGURE = "projection.json", "projection.csv", "projection.png"
 MODELLED = ("ddp", "horovod", "fsdp")
@@ -148,7 +149,7 @@ def fits_from_frame(frame: pd.DataFrame, source: str) -> dict[tuple[str, str], F
         wait = HOROVOD_SWEEP_CYCLE_S / 2 if str(impl).startswith("horovod") else 0.0
         times = at["time_mean_s"].median()
         found = costmodel.fit(list(times.index), list(times.to_numpy()), collective, n, label, wait)
-        if {"cpu_mean_s", "caller_cpu_mean_s"} <= set(rows.columns):  # sweeps before schema 3 lack them
+        if set(rank_side.CPU_COLUMNS) <= set(rows.columns):  # sweeps before schema 3 lack them
             # The collective's own threads' CPU: the process's less the caller's, who only waits for it.
             cpu = (at["cpu_mean_s"].median() - at["caller_cpu_mean_s"].median()).clip(lower=1e-9)
             if cpu.notna().all():
@@ -191,8 +192,14 @@ def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: boo
     def wire(collective: str, chosen: costmodel.Cost = cost) -> schedule.Wire:
         return lambda nbytes: chosen.time(collective, nbytes, n)
 
-    # On CPU the sweep's CPU time per call is what communication takes from compute; a GPU computes apart.
-    cpu = wire("allreduce", fit.cpu) if fit.cpu is not None and item.device == "cpu" else None
+    def cpu_of(collective: str, chosen: Fit) -> schedule.Wire | None:
+        """On CPU the collective's own threads take their CPU time from compute; a GPU computes apart."""
+        return wire(collective, chosen.cpu) if chosen.cpu is not None and item.device == "cpu" else None
+
+    def halved(per_message: schedule.Wire | None) -> schedule.Wire | None:
+        return (lambda nbytes: per_message(nbytes / 2)) if fp16 and per_message else per_message
+
+    cpu = cpu_of("allreduce", fit)
 
     # fp16 compression halves what DDP buckets and Horovod fuses; FSDP2 reduces in fp16 but gathers in fp32.
     grads = [schedule.Gradient(g.name, g.nbytes / 2, g.ready_s) for g in item.grads] if fp16 else item.grads
@@ -206,21 +213,17 @@ def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: boo
         cycle, fusion = knob(item, "cycle_time_ms", 1.0), knob(item, "fusion_threshold_mb", 128.0)
         return schedule.horovod(grads, item.backward_s, wire("allreduce"), negotiate, cycle, fusion, overlap, cpu)
     gather, scatter = (costs.of(item, c) or fit for c in ("all_gather", "reduce_scatter"))
-    scatter_wire = wire("reduce_scatter", getattr(scatter, end))
-    on_cpu = item.device == "cpu"
-    cpu_gather = wire("all_gather", gather.cpu) if on_cpu and gather.cpu is not None else None
-    cpu_scatter = wire("reduce_scatter", scatter.cpu) if on_cpu and scatter.cpu is not None else None
     return schedule.fsdp(
         schedule.units_of(item.grads, item.units),
         item.forward_s,
         item.backward_s,
         wire("all_gather", getattr(gather, end)),
-        (lambda nbytes: scatter_wire(nbytes / 2)) if fp16 else scatter_wire,
+        halved(wire("reduce_scatter", getattr(scatter, end))),
         bool(item.knobs.get("reshard_after_forward", True)),
         overlap,
         item.accumulate,
-        cpu_gather,
-        (lambda nbytes: cpu_scatter(nbytes / 2)) if fp16 and cpu_scatter else cpu_scatter,
+        cpu_of("all_gather", gather),
+        halved(cpu_of("reduce_scatter", scatter)),
     )
 
 

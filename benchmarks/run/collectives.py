@@ -73,12 +73,13 @@ COLUMNS = (
     "algbw_gbps",
     "busbw_gbps",
     "correct",
-    "cpu_mean_s",
-    "caller_cpu_mean_s",
 )
+CPU_COLUMNS = ("cpu_mean_s", "caller_cpu_mean_s")
+"""Schema 3's: the process's CPU seconds per call and the calling thread's."""
+COLUMNS = (*COLUMNS, *CPU_COLUMNS)
 SCHEMA_COLUMNS = {
-    1: tuple(c for c in COLUMNS if c not in ("collective", "cpu_mean_s", "caller_cpu_mean_s")),
-    2: tuple(c for c in COLUMNS if c not in ("cpu_mean_s", "caller_cpu_mean_s")),
+    1: tuple(c for c in COLUMNS if c not in ("collective", *CPU_COLUMNS)),
+    2: tuple(c for c in COLUMNS if c not in CPU_COLUMNS),
     3: COLUMNS,
 }
 """Each schema's header."""
