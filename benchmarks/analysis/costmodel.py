@@ -25,7 +25,9 @@ from scipy import stats as scipy_stats
 FIT_FROM_BYTES = 64 * 1024
 """The fit uses sizes from here up (gradients go in buckets and fused buffers of this size and more; below
 it, on this machine's emulated links, a call's time is a floor that no line through the large sizes
-meets). Where fewer than 3 sizes are that large, all are used. Every size's residual is kept."""
+meets). Where fewer than 3 sizes are that large, all are used. Every size's residual is kept. A sharded
+collective's sweep rounds each size down to whole elements per rank (at most `8 × ranks` bytes less), and a
+size so rounded still counts as the size it was asked at."""
 RING = {"allreduce": 2, "reduce_scatter": 1, "all_gather": 1}
 """Per collective: how many times (n − 1) ring steps it takes, and (n − 1)/n of the buffer each rank sends."""
 
@@ -87,7 +89,7 @@ def fit(
     every_s, every_t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
     if len(set(every_s.tolist())) < 3:
         raise ValueError(f"{label}: a fit needs 3 or more message sizes, got {len(set(every_s.tolist()))}")
-    large = every_s >= FIT_FROM_BYTES
+    large = every_s >= FIT_FROM_BYTES - 8 * world_size
     s, t = (every_s[large], every_t[large]) if len(set(every_s[large].tolist())) >= 3 else (every_s, every_t)
     design = np.column_stack([np.ones_like(s), s]) / t[:, None]
     coef, *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)

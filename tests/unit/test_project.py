@@ -37,6 +37,9 @@ def test_fit_recovers_alpha_and_beta_and_the_ring_carries_them_to_n() -> None:
     assert noisy.worst_residual > 0.02 and noisy.low.beta_s_per_byte < noisy.high.beta_s_per_byte
     with pytest.raises(ValueError, match="3 or more message sizes"):
         costmodel.fit([4.0, 8.0], [1.0, 2.0], "allreduce", 2, "too few")
+    # 64 KiB reduce-scattered over 3 ranks is swept as 65532 B (whole elements per rank): still in the fit.
+    rounded = costmodel.fit([1020.0, 65532.0, 262140.0, 1048572.0], [1.0, 1.0, 2.0, 5.0], "reduce_scatter", 3, "r")
+    assert [r["in_fit"] for r in rounded.residuals] == [False, True, True, True]
 
 
 def test_a_link_and_a_latency_given_in_words() -> None:
