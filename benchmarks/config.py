@@ -82,6 +82,12 @@ class RunConfig:
         "after training, time N steps of the same per-rank batches on a copy of the model with no gradient "
         "communication (summary.csv compute_s, exposed_comm_s); 0 turns it off",
     )
+    compute_baseline_spread: bool = _opt(
+        False,
+        "spread the compute baseline over the epochs, a share after each epoch's validation, so that it and the "
+        "timed steps sample the same stretches of a machine whose speed drifts; its copy of the model then counts "
+        "in the peak memory",
+    )
     trace: bool = _opt(
         False, "after training, trace --trace-steps more steps: Horovod timeline, torch.profiler for the others"
     )

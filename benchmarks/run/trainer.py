@@ -88,6 +88,8 @@ class Trainer:
         """The slowest rank's time of each compute-baseline step (empty when it is off)."""
         self.baseline: dict[str, Any] | None = None
         """run.json `compute_baseline`: its phases and the gradient-ready schedule (None when it is off)."""
+        self._bare: tuple[nn.Module, torch.optim.Optimizer] | None = None
+        self._baseline_rows: list[list[float]] = []
         self.progress: progress.tqdm | progress.LineProgress | None = None
         if recorder is not None:
             recorder.meta["validation_buffers"] = VALIDATION_BUFFERS
@@ -238,37 +240,47 @@ class Trainer:
         mine = torch.tensor([seconds], dtype=torch.float64, device=self.device)
         return float(self.backend.all_reduce(mine, "max").item())
 
-    def compute_baseline(self, plan: list[list[list[list[int]]]]) -> list[float]:
+    def compute_baseline(self, plan: list[list[list[list[int]]]], chunk: int | None = None) -> list[float]:
         """Time --compute-baseline-steps steps of this rank's own batches with no gradient communication.
 
         A copy of the model with a bare optimizer of the same kind does the same forward, backward and
         update per step as training, and every rank runs at once, so the cores are as busy as in training;
-        only the backend is left out. Returns the slowest rank's time of each step (gathered afterwards).
+        only the backend is left out. With `chunk` (--compute-baseline-spread: 0-based, after that epoch's
+        validation) it times that epoch's share and returns nothing; the last call, without it, times what
+        is left, the gradient-ready schedule, and returns the slowest rank's time of each step (gathered then).
         """
         n = self.cfg.compute_baseline_steps
         if n == 0:
             return []
+        epochs = len(plan)
+        share = n if chunk is None else n * (chunk + 1) // epochs - n * chunk // epochs
+        if chunk is None and self.cfg.compute_baseline_spread:
+            share = n - len(self._baseline_rows)
+        # Mid-training a loader's batches are replayed only while the baseline runs; the next epoch reopens it.
         self.train_feed.replaying = True
-        # A copy: training's weights and optimizer state stay as they are (a sharded model is gathered into it).
-        model = self.backend.full_copy(self.raw_model, self.workload.build_model)
-        bare = (model, make_optimizer(model, self.cfg, self.workload))
+        if self._bare is None:  # a copy: training's weights and optimizer state stay as they are
+            model = self.backend.full_copy(self.raw_model, self.workload.build_model)
+            self._bare = (model, make_optimizer(model, self.cfg, self.workload))
         steps = [step for epoch in plan for step in epoch]
         self.backend.barrier()
-        mine = []
-        for i in range(BASELINE_WARMUP_STEPS + n):
-            row = self.train_step(steps[i % len(steps)], 0, bare)
+        for i in range(BASELINE_WARMUP_STEPS + share):
+            row = self.train_step(steps[i % len(steps)], 0, self._bare)
             if i >= BASELINE_WARMUP_STEPS:
-                mine.append([row[k] for k in BASELINE_PHASES])
+                self._baseline_rows.append([row[k] for k in BASELINE_PHASES])
             self._beat()
-        taken = [BASELINE_WARMUP_STEPS + n]  # the steps after the timed ones, in turn
+        if chunk is not None:
+            self.train_feed.replaying = False
+            return []
+        taken = [BASELINE_WARMUP_STEPS + share]  # the steps after the timed ones, in turn
 
         def clocked(begin: Callable[[], None], end: Callable[[], None]) -> None:
-            self.train_step(steps[taken[0] % len(steps)], 0, bare, (begin, end))
+            self.train_step(steps[taken[0] % len(steps)], 0, self._bare, (begin, end))
             taken[0] += 1
             self._beat()
 
-        schedule = ready.measure(model, clocked, self.device)  # steps of its own, after the timed ones
-        slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*self.backend.all_gather_object(mine), strict=True)]
+        schedule = ready.measure(self._bare[0], clocked, self.device)  # steps of its own, after the timed ones
+        gathered = self.backend.all_gather_object(self._baseline_rows)
+        slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*gathered, strict=True)]
         self.baseline = {
             "steps": n,
             **{k: statistics.median(r[i] for r in slowest) for i, k in enumerate(BASELINE_PHASES)},
@@ -329,6 +341,8 @@ class Trainer:
             val = self.validate(epoch)
             if self.recorder is not None:
                 self.recorder.loss([val])
+            if cfg.compute_baseline_spread and epoch < len(plan):
+                self.compute_baseline(plan, epoch - 1)
         self.progress.close()
         peaks = self.backend.all_gather_object(self.memory.read())  # training is over: off the timed path
         if self.recorder is not None:

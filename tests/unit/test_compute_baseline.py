@@ -27,6 +27,8 @@ from tests.helpers import config, fit
 DELAY_S = 0.05
 """Slept in the comm hook before each gradient allreduce (the mlp's gradients fit in one bucket: once a step)."""
 BASELINE_STEPS = 10
+SPREAD_EPOCHS = 3
+"""--compute-baseline-spread: a share of the baseline after each epoch, each with its own warm-up."""
 
 
 class HookedDDP(DDPBackend):
@@ -62,11 +64,13 @@ class CountingTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.in_baseline = False
         self.counts: dict[str, list[tuple[int, int]]] = {"training": [], "baseline": []}
+        self.order = ""
+        """A letter a step, in the order they ran: t training, b the baseline."""
 
-    def compute_baseline(self, plan: list[list[list[list[int]]]]) -> list[float]:
+    def compute_baseline(self, plan: list[list[list[list[int]]]], chunk: int | None = None) -> list[float]:
         self.in_baseline = True  # by where the step runs, not by its `bare` argument, which a mutant may drop
         try:
-            return super().compute_baseline(plan)
+            return super().compute_baseline(plan, chunk)
         finally:
             self.in_baseline = False
 
@@ -77,6 +81,7 @@ class CountingTrainer(Trainer):
         row = super().train_step(micro_batches, epoch, bare, *rest)
         counts = (collectives_so_far() - seq, backend.gradient_allreduces - hooks)
         self.counts["baseline" if self.in_baseline else "training"].append(counts)
+        self.order += "b" if self.in_baseline else "t"
         return row
 
 
@@ -95,19 +100,20 @@ def _two_ranks(rank: int, port: int, out: Path) -> None:
     backend.init()
     found = {}
     try:
-        for delay in (0.0, DELAY_S):
+        for name, delay, epochs in (("plain", 0.0, 1), ("delayed", DELAY_S, 1), ("spread", 0.0, SPREAD_EPOCHS)):
             backend.delay_s = delay
             cfg = config(
                 workload="mlp",
-                epochs=1,
+                epochs=epochs,
                 steps_per_epoch=14,
                 batch_size=16,
                 warmup_steps=2,
                 compute_baseline_steps=BASELINE_STEPS,
+                compute_baseline_spread=name == "spread",
             )
-            trainer = fit(backend, cfg, out / f"delay{delay}" if rank == 0 else None, CountingTrainer)
+            trainer = fit(backend, cfg, out / name if rank == 0 else None, CountingTrainer)
             assert isinstance(trainer, CountingTrainer)
-            found[str(delay)] = trainer.counts
+            found[name] = {**trainer.counts, "order": trainer.order, "recorded": [len(trainer.compute_step_s)]}
     finally:
         backend.shutdown()
     (out / f"rank{rank}.json").write_text(json.dumps(found))
@@ -126,20 +132,35 @@ def hooked_runs(tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
 @pytest.mark.timeout(180)
 def test_the_baseline_makes_no_collective(hooked_runs) -> None:
     _, ranks = hooked_runs
-    for counts in (run for rank in ranks for run in rank.values()):
-        # The counters see the gradient allreduce: every training step issues one, through the hook.
-        assert counts["training"] and all(seq >= 1 and hooks >= 1 for seq, hooks in counts["training"])
-        assert (
-            len(counts["baseline"]) == BASELINE_WARMUP_STEPS + BASELINE_STEPS + READY_STEPS
-        )  # the ready schedule's too
-        assert all(step == [0, 0] for step in counts["baseline"]), counts["baseline"]
+    for rank in ranks:
+        for name, counts in rank.items():
+            counts = {k: v for k, v in counts.items() if k in ("training", "baseline")}
+            # The counters see the gradient allreduce: every training step issues one, through the hook.
+            assert counts["training"] and all(seq >= 1 and hooks >= 1 for seq, hooks in counts["training"])
+            warmups = BASELINE_WARMUP_STEPS * (SPREAD_EPOCHS if name == "spread" else 1)
+            assert len(counts["baseline"]) == warmups + BASELINE_STEPS + READY_STEPS  # the ready schedule's too
+            assert all(step == [0, 0] for step in counts["baseline"]), counts["baseline"]
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_a_spread_baseline_runs_between_the_epochs_and_records_every_step(hooked_runs) -> None:
+    out, ranks = hooked_runs
+    share = BASELINE_STEPS // SPREAD_EPOCHS
+    for rank in ranks:
+        order, steps = rank["spread"]["order"], len(rank["spread"]["training"]) // SPREAD_EPOCHS
+        epoch = "t" * steps + "b" * (BASELINE_WARMUP_STEPS + share)  # an epoch, then its share (10 over 3: 3, 3, 4)
+        assert steps > 0 and order.startswith(epoch + epoch + "t" * steps + "b"), order
+        assert rank["plain"]["order"].startswith("t" * len(rank["plain"]["training"]) + "b"), rank["plain"]["order"]
+        assert rank["spread"]["recorded"] == [BASELINE_STEPS]  # every chunk's steps, gathered at the end
+    assert pd.read_csv(out / "spread" / results.SUMMARY_CSV).iloc[0]["compute_s"] > 0
 
 
 @pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_a_slower_allreduce_moves_exposed_comm_not_compute(hooked_runs) -> None:
     out, _ = hooked_runs
-    fast, slow = (pd.read_csv(out / f"delay{d}" / results.SUMMARY_CSV).iloc[0] for d in (0.0, DELAY_S))
+    fast, slow = (pd.read_csv(out / d / results.SUMMARY_CSV).iloc[0] for d in ("plain", "delayed"))
     shown = {"fast": fast.to_dict(), "slow": slow.to_dict()}
     assert slow["exposed_comm_s"] - fast["exposed_comm_s"] > 0.6 * DELAY_S, shown
     assert abs(slow["compute_s"] - fast["compute_s"]) < 0.3 * DELAY_S, shown
