@@ -1,6 +1,6 @@
 #!/bin/bash
-# This sitting wrote to O=/tmp/grid4; point O at a directory of your own to rerun it.
-cd /work/main; export PATH=/work/main/.venv/bin:$PATH; O=/tmp/grid4
+# The third sitting wrote to O=/tmp/grid4, the fourth to O=/tmp/grid5; set O of your own to rerun it.
+cd /work/main; export PATH=/work/main/.venv/bin:$PATH; O=${O:-/tmp/grid4}
 for d in $O/*-h?-*; do
   [ -d $d ] || continue; n=$(basename $d); case $n in ar-*) continue;; esac
   hl=${n#*-}; ar=$O/ar-$hl

@@ -1,8 +1,9 @@
 #!/bin/bash
-# This sitting wrote to O=/tmp/grid4; point O at a directory of your own to rerun it.
+# The third sitting wrote to O=/tmp/grid4, the fourth (grid-fourth/) to O=/tmp/grid5 with N=g3m100 and g4m100
+# (cluster names take 8 characters: g3100mbit never started); set O and N of your own to rerun it.
 # usage: run.sh H L "W1 W2 ..."
 cd /work/main; export PATH=/work/main/.venv/bin:$PATH
-H=$1; L=$2; WS=$3; N=g$H$L; O=/tmp/grid4
+H=$1; L=$2; WS=$3; N=${N:-g$H$L}; O=${O:-/tmp/grid4}
 SZ=65536,262144,1048576,4194304
 log(){ echo "$(date +%T) $*" >> $O/timeline.log; }
 log start h$H $L
