@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -90,6 +90,17 @@ def check_units(model: nn.Module, options: FSDPConfig) -> list[str]:
     return units
 
 
+def shard_units(
+    model: nn.Module, units: list[str], mesh: DeviceMesh, reshard: bool, policy: MixedPrecisionPolicy
+) -> nn.Module:
+    """`model` made FSDP2 units over `mesh`: each of `units` (bottom-up, as `units_of` names them), then the root."""
+    for name in units:
+        fully_shard(model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    # The root: FSDP2's default (None) keeps its parameters gathered after forward, since backward starts there.
+    fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard else False, mp_policy=policy)
+    return model
+
+
 class FSDPBackend(DDPBackend):
     name = "fsdp"
     options_type = FSDPConfig  # type: ignore[assignment]
@@ -123,13 +134,7 @@ class FSDPBackend(DDPBackend):
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
         self.units = check_units(model, self.options)
-        policy = self.mixed_precision()
-        reshard = self.options.reshard_after_forward
-        for name in self.units:
-            fully_shard(model.get_submodule(name), mesh=self.mesh, reshard_after_forward=reshard, mp_policy=policy)
-        # The root: FSDP2's default (None) keeps its parameters gathered after forward, since backward starts there.
-        fully_shard(model, mesh=self.mesh, reshard_after_forward=None if reshard else False, mp_policy=policy)
-        return model
+        return shard_units(model, self.units, self.mesh, self.options.reshard_after_forward, self.mixed_precision())
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         # Sharded in `shard`; the optimizer was built on the shards (DTensors) and steps only this rank's.

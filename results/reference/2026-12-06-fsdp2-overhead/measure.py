@@ -4,7 +4,7 @@ Per workload, the median step (forward, backward, SGD step) of: the plain model 
 times); FSDP2 over a group of this rank alone (its hooks, copies and DTensor optimizer, no network); FSDP2
 over every rank (what training runs); and, apart, the collectives FSDP2 issues per step (at each unit's size:
 two all-gathers, as reshard after forward gathers again in backward, and one reduce-scatter) one after the
-other. Units and resharding as `backends/fsdp.py` makes them by default.
+other. Units and resharding as `backends/fsdp.py` makes them by default (its `shard_units`).
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 results/reference/2026-12-06-fsdp2-overhead/measure.py mlp 32
 """
@@ -17,9 +17,10 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from backends.fsdp import units_of
+from backends.fsdp import check_units, shard_units
+from benchmarks.config import FSDPConfig
 from benchmarks.run import workloads
 
 STEPS, WARMUP = 20, 3
@@ -44,7 +45,8 @@ def main() -> None:
     x, y = w.train[0][:batch], w.train[1][:batch]
     torch.manual_seed(0)
     base = w.build_model()
-    units = units_of(base, "auto", 100_000)
+    options = FSDPConfig()  # the defaults: units, resharding
+    units = check_units(base, options)
 
     def step_ms(model: torch.nn.Module) -> float:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -58,11 +60,7 @@ def main() -> None:
         return median_ms(step)
 
     def sharded(mesh: DeviceMesh) -> torch.nn.Module:
-        model = copy.deepcopy(base)
-        for unit in units:
-            fully_shard(model.get_submodule(unit), mesh=mesh, reshard_after_forward=True)
-        fully_shard(model, mesh=mesh, reshard_after_forward=None)
-        return model
+        return shard_units(copy.deepcopy(base), units, mesh, options.reshard_after_forward, MixedPrecisionPolicy())
 
     alone = DeviceMesh.from_group([dist.new_group([r]) for r in range(world)][rank], "cpu")
     everyone = init_device_mesh("cpu", (world,))
