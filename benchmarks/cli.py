@@ -182,7 +182,8 @@ def _cmd_project(args: argparse.Namespace) -> int:
         if (args.link is None) == (args.allreduce is None):
             raise InputError(
                 "give the cost of communication: --allreduce DIR (a `distbench allreduce --compare` directory made "
-                "where the compare ran) or --link RATE [--latency T] (a network you do not have), one of the two"
+                "where the compare ran) or --link RATE [--latency T] (a network you do not have), "
+                + ("not both" if args.link is not None else "one of the two")
             )
         if args.link is not None:
             rate = network.parse_rate(args.link)

@@ -38,6 +38,9 @@ ASSUMPTIONS = (
     "from compute, and lengthens the step by as much; on a GPU it takes none, nor with a given link",
 )
 JSON, CSV, FIGURE = "projection.json", "projection.csv", "projection.png"
+CHECK_BOUND = 0.20
+"""How far from a measured step a projection may be before `distbench project` warns that its picks rest on a
+model that does not hold there (docs/benchmarks.md's bound)."""
 MODELLED = ("ddp", "horovod", "fsdp")
 HOROVOD_SWEEP_CYCLE_S = 1e-3
 """The cycle time `distbench allreduce` runs Horovod at (its default): a call waits half of it on average for
@@ -307,6 +310,24 @@ def measured_picks(path: Path) -> list[dict[str, Any]]:
     ]
 
 
+def band(items: list[Inputs], costs: Costs) -> str:
+    """What the band around each projected step is made of: only the intervals the inputs have."""
+    parts = []
+    if any(len(i.compute_s) > 1 for i in items):
+        parts.append("the compute baseline's 95 % t-interval over runs")
+    if costs.link is None:
+        parts.append(
+            "the fit's 95 % intervals on α and β, each end taken together (conservative: α and β of a fit vary "
+            "against each other)"
+        )
+    if not parts:
+        return (
+            "none: one run of each variant and a given link, so neither the compute baseline nor the cost has an "
+            "interval (run the compare with --repeats 2 or more)"
+        )
+    return " with ".join(parts)
+
+
 def make(path: Path, ranks: list[int], costs: Costs) -> tuple[dict[str, Any], pd.DataFrame]:
     """The projection of the compare under `path` at `ranks`: projection.json's content and its table."""
     items = inputs(path)
@@ -334,8 +355,7 @@ def make(path: Path, ranks: list[int], costs: Costs) -> tuple[dict[str, Any], pd
         "samples_per_rank": {i.variant: i.samples_per_rank for i in items},
         "ranks": ranks,
         "assumptions": list(ASSUMPTIONS),
-        "band": "the compute baseline's 95 % t-interval over runs with the fit's 95 % intervals on α and β, each "
-        "end taken together (conservative: α and β of a fit vary against each other)",
+        "band": band(items, costs),
         "costs": [
             {
                 "label": f.label,

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from benchmarks import files
-from benchmarks.analysis.project import CSV, FIGURE, JSON, LABEL
+from benchmarks.analysis.project import CHECK_BOUND, CSV, FIGURE, JSON, LABEL
 from benchmarks.config import format_size
 
 
@@ -21,8 +21,9 @@ def write(out: Path, document: dict[str, Any], table: pd.DataFrame) -> None:
     figure(document, out / FIGURE)
 
 
-def figure(document: dict[str, Any], path: Path) -> Path | None:
-    """Projected scaling efficiency against N (a band per variant), the measured points on it."""
+def figure(document: dict[str, Any], path: Path, source: str | None = None) -> Path | None:
+    """Projected scaling efficiency against N (a band per variant), the measured points on it; `source`, the
+    directory projected, in the title where a report shows several."""
     from benchmarks.analysis import figures  # matplotlib only once a figure is drawn
 
     projected = pd.DataFrame(document["projected"])
@@ -54,7 +55,7 @@ def figure(document: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("ranks (N)")
     ax.set_ylabel("scaling efficiency (no-communication step ÷ step)")
-    ax.set_title(f"{LABEL}: {document['workload']}")
+    ax.set_title(f"{LABEL}: {document['workload']}" + (f"\n{source}" if source else ""), fontsize=9 if source else None)
     ax.legend(fontsize=7)
     return figures.save(fig, path)
 
@@ -120,6 +121,17 @@ def words(document: dict[str, Any]) -> list[str]:
                 f"  {c['variant']:<16} N = {c['ranks']}: projected {c['projected_step_s'] * 1e3:.1f} ms, measured "
                 f"{c['measured_step_s'] * 1e3:.1f} ms ({spread}): {c['error']:+.0%}"
             )
+        off = [
+            f"{c['variant']} at N = {c['ranks']} ({c['error']:+.0%})"
+            for c in document["check"]
+            if abs(c["error"]) > CHECK_BOUND
+        ]
+        if off:
+            lines.append(
+                f"warning: the projection misses the measured step by more than {CHECK_BOUND:.0%} for "
+                f"{', '.join(off)}: the picks above rest on a model that does not hold there (docs/benchmarks.md, "
+                "where the model is wrong)"
+            )
     checked = pd.DataFrame(document["check"])
     projected_pick = (
         {int(n): at.loc[at["projected_step_s"].idxmin(), "variant"] for n, at in checked.groupby("ranks")}
@@ -135,16 +147,20 @@ def words(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report_section(paths: list[str | Path], out: Path) -> tuple[Path | None, pd.DataFrame] | None:
-    """A `distbench project` made for one of the report's directories: its figure redrawn into `out` and
-    its table, each labelled a projection."""
-    for path in paths:
-        target = Path(path) / "projection" / JSON
-        if target.is_file():
-            document = json.loads(target.read_text())
-            table = pd.DataFrame(document["projected"])
-            if not len(table):
-                return None
-            shown = table[["variant", "ranks", "step_s", "step_low_s", "step_high_s", "samples_per_s", "efficiency"]]
-            return figure(document, out / FIGURE), shown.assign(hidden_share=table["hidden_share"])
-    return None
+def report_section(paths: list[str | Path], out: Path) -> tuple[list[Path], pd.DataFrame] | None:
+    """Every `distbench project` made for the report's directories: each figure redrawn into `out` and one
+    table, each labelled a projection; with more than one, each row and figure names its directory."""
+    documents = [json.loads(t.read_text()) for t in (Path(p) / "projection" / JSON for p in paths) if t.is_file()]
+    documents = [d for d in documents if d["projected"]]
+    if not documents:
+        return None
+    several = len(documents) > 1
+    images, tables = [], []
+    for k, document in enumerate(documents, start=1):
+        name = f"{Path(FIGURE).stem}-{k}{Path(FIGURE).suffix}" if several else FIGURE
+        images.append(figure(document, out / name, document["source"] if several else None))
+        table = pd.DataFrame(document["projected"])
+        shown = table[["variant", "ranks", "step_s", "step_low_s", "step_high_s", "samples_per_s", "efficiency"]]
+        shown = shown.assign(hidden_share=table["hidden_share"])
+        tables.append(shown.assign(source=document["source"]) if several else shown)
+    return [i for i in images if i is not None], pd.concat(tables, ignore_index=True)

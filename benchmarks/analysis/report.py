@@ -147,7 +147,9 @@ def write(
     page = Page(
         headline=context.headline(rs, per_run),
         decision=decided,
-        images=[image for image in [*images, *explained.images, projected and projected[0]] if image is not None],
+        images=[
+            image for image in [*images, *explained.images, *(projected[0] if projected else [])] if image is not None
+        ],
         why=explained.sentences,
         summary=summary,
         tables=sections,

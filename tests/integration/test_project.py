@@ -20,7 +20,7 @@ from benchmarks.suite import cluster as emulation
 from tests.helpers import BIN, run_cmd, run_ok
 
 DISTBENCH = str(BIN / "distbench")
-BOUND = 0.20
+BOUND = project.CHECK_BOUND
 LINK = "1gbit"
 MOVED = BOUND / 2
 """The least the negative control moves DDP's projection, as a share of the measured step."""

@@ -168,6 +168,8 @@ def test_project_a_compare_labels_it_and_checks_it_against_the_measured_step(tmp
     assert {p.name for p in out.iterdir()} == {project.JSON, project.CSV, project.FIGURE}
     lines = projection_view.words(document)
     assert lines[0].startswith("Projection (a model, not a measurement)") and any("assumptions:" in x for x in lines)
+    assert not any(x.startswith("warning:") for x in lines)  # within 2 % of the measured step
+    assert document["band"].startswith("the compute baseline's 95 % t-interval") and "α and β" not in document["band"]
 
 
 @pytest.mark.parametrize(
@@ -175,6 +177,7 @@ def test_project_a_compare_labels_it_and_checks_it_against_the_measured_step(tmp
     [
         ([], "give the cost of communication"),
         (["--link", "1gbit", "--allreduce", "x"], "give the cost of communication"),
+        (["--link", "1gbit", "--allreduce", "x"], "not both"),
         (["--link", "fast"], "--link takes a rate"),
         (["--link", "unlimited"], "needs a rate"),
         (["--link", "1gbit", "--ranks", "0,8"], "--ranks takes"),
@@ -210,3 +213,37 @@ def test_edge_inputs_cost_nothing_and_autotuned_knobs_are_read_from_what_the_aut
         1, "horovod-gloo", "cpu", [0.06], 0.02, 0.04, g, [], [0.07],
     )  # fmt: skip
     assert project.knob(item, "cycle_time_ms", 1.0) == 3.5 and project.knob(item, "fusion_threshold_mb", 128) == 128
+
+
+def test_a_projection_far_from_the_measured_step_says_its_picks_rest_on_it(tmp_path: Path) -> None:
+    root = synthetic_compare(tmp_path / "cmp")
+    slow = project.Costs(link=costmodel.link(10**8, 0.0, "100mbit"))  # 4 MB: 320 ms on the wire, 70 ms measured
+    lines = projection_view.words(project.make(root, [2], slow)[0])
+    warned = [x for x in lines if x.startswith("warning:")]
+    assert len(warned) == 1 and "ddp@torchrun at N = 2 (+" in warned[0], lines
+
+
+def test_the_band_is_made_of_the_intervals_the_inputs_have_and_none_is_said() -> None:
+    item = project.Inputs(
+        "ddp@torchrun", "ddp", "mlp", 2, 16, {}, 1, "torch-gloo", "cpu", [0.06], 0.02, 0.04, [], [], [0.07]
+    )
+    link = project.Costs(link=costmodel.link(10**9, 0.0, "1gbit"))
+    assert project.band([item], link).startswith("none: one run of each variant and a given link")
+    fitted = project.Costs(fitted={})
+    assert project.band([item], fitted).startswith("the fit's 95 % intervals")
+
+
+def test_a_report_over_two_projected_compares_shows_both(tmp_path: Path) -> None:
+    costs = project.Costs(link=costmodel.link(10**9, 0.0, "1gbit"))
+    roots = [synthetic_compare(tmp_path / name) for name in ("a", "b")]
+    for root, ranks in zip(roots, ([2, 8], [2, 16]), strict=True):
+        projection_view.write(root / "projection", *project.make(root, ranks, costs))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out-one").mkdir()
+    images, table = projection_view.report_section(roots, tmp_path / "out")
+    assert [p.name for p in images] == ["projection-1.png", "projection-2.png"]
+    assert all(p.stat().st_size > 0 for p in images)
+    by_source = {source: sorted(rows["ranks"]) for source, rows in table.groupby("source")}
+    assert by_source == {str(roots[0]): [2, 8], str(roots[1]): [2, 16]}
+    alone = projection_view.report_section([roots[0], tmp_path / "nothing"], tmp_path / "out-one")
+    assert alone is not None and [p.name for p in alone[0]] == [project.FIGURE] and "source" not in alone[1]
