@@ -13,6 +13,7 @@ import torch
 import backends
 from benchmarks import launch
 from benchmarks.config import RunConfig
+from benchmarks.launch import rendezvous
 
 
 def main(name: str) -> None:
@@ -38,3 +39,4 @@ def main(name: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    rendezvous.exit_process(0)  # gloo's threads outlive destroy_process_group; teardown can abort an exit

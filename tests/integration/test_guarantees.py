@@ -20,6 +20,7 @@ if __name__ == "__main__":  # a probe started by a launcher: the repository root
 import backends
 from benchmarks import launch
 from benchmarks.config import RunConfig
+from benchmarks.launch import rendezvous
 from benchmarks.run import workloads
 from tests.helpers import BIN, REPO, horovodrun, read_run, reference_train_losses, run_ok, torchrun
 
@@ -108,3 +109,5 @@ def test_several_epochs_on_2_ranks_match_a_plain_loop(tmp_path, backend: str, ho
 
 if __name__ == "__main__":
     prepare_probe(sys.argv[1])
+    # gloo's threads outlive destroy_process_group; ordinary teardown can abort an exit (CI saw it once here).
+    rendezvous.exit_process(0)
