@@ -72,6 +72,8 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
                 fit(backend, cfg, out / f"{tag}-{strategy}" if rank == 0 else None)
     finally:
         backend.shutdown()
+    # As a completed rank does: gloo's threads outlive the group and can abort interpreter teardown.
+    rendezvous.exit_process(0)
 
 
 @pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.full_matrix)])  # 3: test-all
