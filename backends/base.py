@@ -85,6 +85,16 @@ class Backend(ABC, Generic[Options]):
         compute baseline. A sharded model is gathered first, so this may communicate (never in a timed step)."""
         return copy.deepcopy(model)
 
+    def baseline_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
+        """The model the compute baseline times: `full_copy`'s plain copy, unless the framework does work of its
+        own per step with no network (FSDP2's hooks and copies), which a backend keeps here, alone."""
+        return self.full_copy(model, build_model)
+
+    baseline_is_plain: ClassVar[bool] = True
+    """Whether `baseline_copy` is `full_copy`'s plain model, whose parameters take their gradients during backward:
+    else the gradient-ready schedule is clocked on a plain copy of its own, and the baseline steps under
+    `accumulation` as training does."""
+
     @contextlib.contextmanager
     def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
         """Context for one backward pass; gradients are reduced only after the last micro-batch."""

@@ -121,6 +121,8 @@ class FSDPBackend(DDPBackend):
         join_process_group(self, self.dist_backend)
         self.mesh = init_device_mesh(self.device.type, (self.launch.world_size,))
         self.units: list[str] = []
+        self.alone: DeviceMesh | None = None
+        """This rank alone, the compute baseline's mesh (made when first needed)."""
 
     def mixed_precision(self) -> MixedPrecisionPolicy:
         # FSDP2: --fp16-allreduce reduce-scatters the gradients in fp16 (DDP's fp16_compress_hook, Horovod's
@@ -171,6 +173,18 @@ class FSDPBackend(DDPBackend):
             plain = build_model().to(self.device)
         plain.load_state_dict(state)
         return plain
+
+    baseline_is_plain = False
+
+    def baseline_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
+        # FSDP2's own per-step work (its hooks, copies into and out of the gathered buffers, the optimizer on
+        # DTensors) is compute as much as the model's (results/reference/2026-12-06-fsdp2-overhead): the baseline
+        # keeps it by sharding the copy over a group of this rank alone, whose collectives cross no network.
+        if self.alone is None:
+            groups = [dist.new_group([r]) for r in range(self.world_size)]  # every rank makes every group
+            self.alone = DeviceMesh.from_group(groups[self.rank], self.device.type)
+        plain = self.full_copy(model, build_model)
+        return shard_units(plain, self.units, self.alone, self.options.reshard_after_forward, self.mixed_precision())
 
     def describe(self) -> dict[str, Any]:
         return {

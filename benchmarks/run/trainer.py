@@ -130,7 +130,9 @@ class Trainer:
             x, y = self.train_feed.fetch(batch)  # waiting for a DataLoader counts here, in data_s
             timer.lap("data")
             last = i == k - 1
-            with self.backend.accumulation(model, last) if bare is None else contextlib.nullcontext():
+            # The compute baseline steps outside the backend, but a sharded copy's gradients sync inside it.
+            through = bare is None or (bare is self._bare and not self.backend.baseline_is_plain)
+            with self.backend.accumulation(model, last) if through else contextlib.nullcontext():
                 out = model(x)
                 per_sample = self.workload.loss(out, y)
                 loss = per_sample.mean() / k
@@ -259,8 +261,7 @@ class Trainer:
         # Mid-training a loader's batches are replayed only while the baseline runs; the next epoch reopens it.
         self.train_feed.replaying = True
         if self._bare is None:  # a copy: training's weights and optimizer state stay as they are
-            model = self.backend.full_copy(self.raw_model, self.workload.build_model)
-            self._bare = (model, make_optimizer(model, self.cfg, self.workload))
+            self._bare = self._copy(self.backend.baseline_copy)
         steps = [step for epoch in plan for step in epoch]
         self.backend.barrier()
         for i in range(BASELINE_WARMUP_STEPS + share):
@@ -273,20 +274,28 @@ class Trainer:
             return []
         taken = [BASELINE_WARMUP_STEPS + share]  # the steps after the timed ones, in turn
 
-        def clocked(begin: Callable[[], None], end: Callable[[], None]) -> None:
-            self.train_step(steps[taken[0] % len(steps)], 0, self._bare, (begin, end))
+        def clocked(begin: Callable[[], None], end: Callable[[], None], bare: tuple[nn.Module, Any]) -> None:
+            self.train_step(steps[taken[0] % len(steps)], 0, bare, (begin, end))
             taken[0] += 1
             self._beat()
 
-        schedule = ready.measure(self._bare[0], clocked, self.device)  # steps of its own, after the timed ones
+        # Steps of its own, after the timed ones, on a model whose parameters take their gradients in backward.
+        clocked_on = self._bare if self.backend.baseline_is_plain else self._copy(self.backend.full_copy)
+        schedule = ready.measure(clocked_on[0], lambda b, e: clocked(b, e, clocked_on), self.device)
         gathered = self.backend.all_gather_object(self._baseline_rows)
         slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*gathered, strict=True)]
         self.baseline = {
             "steps": n,
             **{k: statistics.median(r[i] for r in slowest) for i, k in enumerate(BASELINE_PHASES)},
             "ready": schedule,
+            "copy": "plain" if self.backend.baseline_is_plain else f"{self.backend.name} over this rank alone",
         }
         return [r[0] for r in slowest]
+
+    def _copy(self, how: Callable[[nn.Module, Callable[[], nn.Module]], nn.Module]) -> tuple[nn.Module, Any]:
+        """A copy of the model made by the backend's `how`, with a bare optimizer of training's kind."""
+        model = how(self.raw_model, self.workload.build_model)
+        return model, make_optimizer(model, self.cfg, self.workload)
 
     def trace(self, plan: list[list[list[list[int]]]], directory: Path | None) -> dict[str, Any]:
         """Train --trace-steps more steps under the backend's tracer; rank 0 writes into `directory`.

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from backends.ddp import DDPBackend
 from backends.fsdp import FSDPBackend, check_units, units_of
@@ -113,6 +114,9 @@ class Probe(Trainer):
             return super().compute_baseline(plan)
         finally:
             self.in_baseline = False
+            if self._bare is not None:  # what the baseline timed: each parameter's mesh size, and the record
+                sizes = {p.device_mesh.size() if isinstance(p, DTensor) else 0 for p in self._bare[0].parameters()}
+                self.baseline_seen = {"meshes": sorted(sizes), "copy": (self.baseline or {}).get("copy")}
 
     def train_step(self, micro_batches: Any, epoch: int, bare: Any = None, *rest: Any) -> dict[str, Any]:
         before = collectives_so_far(self.backend) if isinstance(self.backend, FSDPBackend) else 0
@@ -151,6 +155,7 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
         assert isinstance(trainer, Probe)
         found["held"][name] = trainer.memory.read()
         found["counts"][name] = trainer.counts
+        found.setdefault("baseline", {})[name] = getattr(trainer, "baseline_seen", None)
         return trainer
 
     try:
@@ -244,6 +249,8 @@ def test_the_compute_baseline_makes_no_collective(two) -> None:
             len(counts["baseline"]) == BASELINE_WARMUP_STEPS + BASELINE_STEPS + READY_STEPS
         )  # the ready schedule's too
         assert counts["baseline"] == [0] * len(counts["baseline"]), counts["baseline"]
+        # It times FSDP2's own work all the same, every parameter sharded over a group of this rank alone.
+        assert rank["baseline"]["fsdp-sgd"] == {"meshes": [1], "copy": "fsdp over this rank alone"}
 
 
 def largest_unit_rows(workload: str) -> int:
