@@ -363,7 +363,7 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
             problems.append(f"{where} elements × {meta.get('dtype')} width ≠ size_bytes, or iterations < 1")
         timed = ("time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps")
         if row["correct"] != "True":
-            if any(row.get(c, "") != "" for c in (*timed, *rank_side.CPU_COLUMNS)):
+            if any(row.get(c, "") != "" for c in (*timed, *rank_side.CPU_COLUMNS, rank_side.IDLE_COLUMN)):
                 problems.append(f"{where} a wrong result claims a time or bandwidth")
             if status == "completed":
                 problems.append(f"{where} a completed run has a wrong result")
@@ -376,9 +376,9 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
         if not (0 < low <= mean * (1 + RELATIVE_TOLERANCE) and mean <= high * (1 + RELATIVE_TOLERANCE)):
             problems.append(f"{where} not 0 < time_min_s <= time_mean_s <= time_max_s")
             continue
-        for c in rank_side.CPU_COLUMNS:
+        for c in (*rank_side.CPU_COLUMNS, rank_side.IDLE_COLUMN):
             if c in row and not _non_negative(row[c]):
-                problems.append(f"{where} {c} {row[c]!r} is not a number of seconds ≥ 0")
+                problems.append(f"{where} {c} {row[c]!r} is not a number ≥ 0")
         if not math.isclose(alg, rank_side.algbw_gbps(size, mean), rel_tol=1e-6):
             problems.append(f"{where} algbw_gbps {alg} is not size_bytes / time_mean_s / 1e9")
         expected = rank_side.busbw_gbps(size, mean, world, collective) if world else bus

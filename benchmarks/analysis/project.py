@@ -147,14 +147,18 @@ def fits_from_frame(frame: pd.DataFrame, source: str) -> dict[tuple[str, str], F
         if rows["world_size"].max() < 2:
             continue
         n = int(rows["world_size"].max())
-        at = rows[rows["world_size"] == n].groupby("size_bytes")
+        largest = rows[rows["world_size"] == n]
+        at = largest.groupby("size_bytes")
         label = f"{impl} {collective}, {n} ranks ({source})"
         wait = HOROVOD_SWEEP_CYCLE_S / 2 if str(impl).startswith("horovod") else 0.0
         times = at["time_mean_s"].median()
         found = costmodel.fit(list(times.index), list(times.to_numpy()), collective, n, label, wait)
         if set(rank_side.CPU_COLUMNS) <= set(rows.columns):  # sweeps before schema 3 lack them
-            # The collective's own threads' CPU: the process's less the caller's, who only waits for it.
-            cpu = (at["cpu_mean_s"].median() - at["caller_cpu_mean_s"].median()).clip(lower=1e-9)
+            # The collective's own threads' CPU: the process's less the caller's, who only waits for it, and less
+            # what those threads use anyway with nothing to send (Horovod's cycle), already in the compute baseline.
+            own = at["cpu_mean_s"].median() - at["caller_cpu_mean_s"].median()
+            idle = largest[rank_side.IDLE_COLUMN].median() if rank_side.IDLE_COLUMN in largest.columns else 0.0
+            cpu = (own - (0.0 if pd.isna(idle) else idle) * times).clip(lower=1e-9)
             if cpu.notna().all():
                 found.cpu = costmodel.fit(list(cpu.index), list(cpu.to_numpy()), collective, n, label).cost
         out[(str(impl), str(collective))] = found

@@ -50,9 +50,9 @@ from benchmarks.run.progress import progress
 from benchmarks.run.recorder import RUN_JSON, write_json_atomic
 
 KIND = "allreduce"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: the `collective` column and run.json key (schema 1 runs are allreduce, and still pass the check);
-3: the `cpu_mean_s` and `caller_cpu_mean_s` columns."""
+3: the `cpu_mean_s` and `caller_cpu_mean_s` columns; 4: `idle_cpu_per_s`."""
 CSV_NAME = "allreduce.csv"
 COLUMNS = (
     "run_id",
@@ -76,16 +76,21 @@ COLUMNS = (
 )
 CPU_COLUMNS = ("cpu_mean_s", "caller_cpu_mean_s")
 """Schema 3's: the process's CPU seconds per call and the calling thread's."""
-COLUMNS = (*COLUMNS, *CPU_COLUMNS)
+IDLE_COLUMN = "idle_cpu_per_s"
+"""Schema 4's: CPU seconds per second the process's other threads used with no call in flight."""
+COLUMNS = (*COLUMNS, *CPU_COLUMNS, IDLE_COLUMN)
 SCHEMA_COLUMNS = {
-    1: tuple(c for c in COLUMNS if c not in ("collective", *CPU_COLUMNS)),
-    2: tuple(c for c in COLUMNS if c not in CPU_COLUMNS),
-    3: COLUMNS,
+    1: tuple(c for c in COLUMNS if c not in ("collective", *CPU_COLUMNS, IDLE_COLUMN)),
+    2: tuple(c for c in COLUMNS if c not in (*CPU_COLUMNS, IDLE_COLUMN)),
+    3: tuple(c for c in COLUMNS if c != IDLE_COLUMN),
+    4: COLUMNS,
 }
 """Each schema's header."""
 WARMUP_BYTES = 64 << 20
 TARGET_S = 0.5
 MIN_ITERS, MAX_ITERS = 5, 100_000
+IDLE_WINDOW_S = 0.1
+"""How long each size's idle window is: the caller sleeps, the framework's threads do what they do unasked."""
 
 
 def warmup_count(size_bytes: int) -> int:
@@ -157,7 +162,7 @@ def size_row(
     iters: int,
     per_rank: list[float],
     correct: bool,
-    cpu_per_rank: list[tuple[float, float]],
+    cpu_per_rank: list[tuple[float, float, float]],
 ) -> dict:
     """The CSV row of one size from each rank's mean time and CPU times (its process's, its calling
     thread's); a wrong result gets no time or bandwidth."""
@@ -176,10 +181,20 @@ def size_row(
             busbw_gbps=busbw,
         )
         row.update(
-            cpu_mean_s=sum(c for c, _ in cpu_per_rank) / len(cpu_per_rank),
-            caller_cpu_mean_s=sum(c for _, c in cpu_per_rank) / len(cpu_per_rank),
+            cpu_mean_s=sum(c for c, *_ in cpu_per_rank) / len(cpu_per_rank),
+            caller_cpu_mean_s=sum(c for _, c, _ in cpu_per_rank) / len(cpu_per_rank),
+            idle_cpu_per_s=sum(c for *_, c in cpu_per_rank) / len(cpu_per_rank),
         )
     return row
+
+
+def idle_cpu_per_s() -> float:
+    """CPU seconds per second the process's threads other than this one use while it sleeps: Horovod's background
+    loop cycles (and may spin in MPI) with nothing to send. Training pays it during compute too, so the compute
+    baseline already holds it and a collective takes from compute only what it uses beyond it."""
+    t0, c0, own0 = time.perf_counter(), time.process_time(), time.thread_time()
+    time.sleep(IDLE_WINDOW_S)
+    return max(0.0, ((time.process_time() - c0) - (time.thread_time() - own0)) / (time.perf_counter() - t0))
 
 
 def sweep(
@@ -211,6 +226,7 @@ def sweep(
         iters = opts.iters or iteration_count(max(impl.allgather(sorted(calls)[len(calls) // 2])))
         impl.barrier()
         impl.synchronize()  # CUDA: an NCCL barrier's own kernel may still be queued; CPU: nothing
+        idle = idle_cpu_per_s()
         # CPU time, the process's (every thread's) and the calling thread's: the difference is what the
         # collective's own threads (gloo's, Horovod's background loop) take, and would take from a backward
         # sharing their cores; the caller only waits (Horovod's wait spins, which training does after backward).
@@ -219,7 +235,7 @@ def sweep(
             call()
         impl.synchronize()
         mean_s = (time.perf_counter() - t0) / iters
-        cpu_s = ((time.process_time() - c0) / iters, (time.thread_time() - own0) / iters)
+        cpu_s = ((time.process_time() - c0) / iters, (time.thread_time() - own0) / iters, idle)
         watchdog.beat()
         if what == "allreduce":  # the two-argument fill a test's stand-in implementation has
             impl.fill(inp, impl.rank)

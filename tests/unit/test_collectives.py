@@ -51,12 +51,13 @@ def test_a_csv_row_takes_the_mean_over_ranks_and_a_wrong_result_claims_nothing()
         "device": "cpu",
         "dtype": "float32",
     }
-    row = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], True, [(5e-4, 1e-4), (1e-3, 2e-4)])
+    row = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], True, [(5e-4, 1e-4, 0.1), (1e-3, 2e-4, 0.3)])
     assert (row["time_mean_s"], row["time_min_s"], row["time_max_s"]) == (2e-3, 1e-3, 3e-3)
     assert row["algbw_gbps"] == pytest.approx(0.524288) and row["busbw_gbps"] == pytest.approx(0.524288)
     assert row["elements"] == MiB // 4 and set(row) == set(rank_side.COLUMNS)
     assert (row["cpu_mean_s"], row["caller_cpu_mean_s"]) == (pytest.approx(7.5e-4), pytest.approx(1.5e-4))
-    wrong = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], False, [(5e-4, 1e-4), (1e-3, 2e-4)])
+    assert row["idle_cpu_per_s"] == pytest.approx(0.2)
+    wrong = rank_side.size_row(meta, MiB, 2, 10, [1e-3, 3e-3], False, [(5e-4, 1e-4, 0.1), (1e-3, 2e-4, 0.3)])
     assert not {"time_mean_s", "algbw_gbps", "busbw_gbps"} & set(wrong) and wrong["correct"] is False
 
 
@@ -252,7 +253,7 @@ def write_run(
     for size, seconds in rows:
         rank_side._append(
             run_dir / rank_side.CSV_NAME,
-            [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True, [(seconds / 2, seconds / 4)] * world)],
+            [rank_side.size_row(meta, size, 1, 5, [seconds] * world, True, [(seconds / 2, seconds / 4, 0.0)] * world)],
         )
     rank_side._write_meta(meta)
     return run_dir

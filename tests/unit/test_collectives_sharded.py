@@ -55,7 +55,7 @@ def test_bus_bandwidth_of_a_reduce_scatter_and_an_all_gather_by_hand() -> None:
         "device": "cpu",
         "dtype": "float32",
     }
-    row = rank_side.size_row(meta, MiB, 1, 5, [1e-3] * 4, True, [(1e-4, 0.0)] * 4)
+    row = rank_side.size_row(meta, MiB, 1, 5, [1e-3] * 4, True, [(1e-4, 0.0, 0.0)] * 4)
     assert row["collective"] == "reduce_scatter" and row["busbw_gbps"] == pytest.approx(0.786432)
     assert set(row) == set(rank_side.COLUMNS)
 
@@ -175,7 +175,7 @@ def write_run(
     }
     if collective:
         meta["collective"] = collective
-    lines = [rank_side.size_row(meta, s, 1, 5, [t] * world, True, [(t / 2, t / 4)] * world) for s, t in rows]
+    lines = [rank_side.size_row(meta, s, 1, 5, [t] * world, True, [(t / 2, t / 4, 0.0)] * world) for s, t in rows]
     frame = pd.DataFrame(lines, columns=list(rank_side.COLUMNS))
     if not collective:
         frame = frame[list(rank_side.SCHEMA_COLUMNS[1])]
