@@ -247,9 +247,10 @@ class Trainer:
 
         A copy of the model with a bare optimizer of the same kind does the same forward, backward and
         update per step as training, and every rank runs at once, so the cores are as busy as in training;
-        only the backend's communication is left out (`Backend.baseline_copy`). With `chunk` (--compute-baseline-spread: 0-based, after that epoch's
-        validation) it times that epoch's share and returns nothing; the last call, without it, times what
-        is left, the gradient-ready schedule, and returns the slowest rank's time of each step (gathered then).
+        only the backend's communication is left out (`Backend.baseline_copy`). With `chunk`
+        (--compute-baseline-spread: 0-based, after that epoch's validation) it times that epoch's share and
+        returns nothing; the last call, without it, times what is left, the gradient-ready schedule, and
+        returns the slowest rank's time of each step (gathered then).
         """
         n = self.cfg.compute_baseline_steps
         if n == 0:
