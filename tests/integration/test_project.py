@@ -40,7 +40,7 @@ another stretch than the steps it is set against."""
 
 
 @pytest.mark.skipif(emulation.missing_rights() is not None, reason=f"no emulated hosts: {emulation.missing_rights()}")
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # above its steps' own timeouts, so that `cluster down` always runs
 def test_the_projection_holds_at_two_emulated_hosts_and_moves_with_the_overlap_modelled_away(tmp_path: Path) -> None:
     name = f"p{secrets.token_hex(3)}"
     run_ok([DISTBENCH, "cluster", "up", "--hosts", "2", "--link", LINK, "--name", name], timeout=60)
