@@ -180,9 +180,9 @@ class FSDPBackend(DDPBackend):
         # FSDP2's own per-step work (its hooks, copies into and out of the gathered buffers, the optimizer on
         # DTensors) is compute as much as the model's (results/reference/2026-12-06-fsdp2-overhead): the baseline
         # keeps it by sharding the copy over a group of this rank alone, whose collectives cross no network.
-        if self.alone is None:
-            groups = [dist.new_group([r]) for r in range(self.world_size)]  # every rank makes every group
-            self.alone = DeviceMesh.from_group(groups[self.rank], self.device.type)
+        if self.alone is None:  # local synchronisation: no rank waits on another to make a group of itself
+            group = dist.new_group([self.rank], use_local_synchronization=True)
+            self.alone = DeviceMesh.from_group(group, self.device.type)
         plain = self.full_copy(model, build_model)
         return shard_units(plain, self.units, self.alone, self.options.reshard_after_forward, self.mixed_precision())
 

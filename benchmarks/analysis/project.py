@@ -155,7 +155,8 @@ def fits_from_frame(frame: pd.DataFrame, source: str) -> dict[tuple[str, str], F
         found = costmodel.fit(list(times.index), list(times.to_numpy()), collective, n, label, wait)
         if set(rank_side.CPU_COLUMNS) <= set(rows.columns):  # sweeps before schema 3 lack them
             # The collective's own threads' CPU: the process's less the caller's, who only waits for it, and less
-            # what those threads use anyway with nothing to send (Horovod's cycle), already in the compute baseline.
+            # what those threads use anyway with nothing to send (Horovod's cycle), already in the compute baseline:
+            # one rate per implementation, the median over its sizes and sweeps, since a 0.1 s window is noisy.
             own = at["cpu_mean_s"].median() - at["caller_cpu_mean_s"].median()
             idle = largest[rank_side.IDLE_COLUMN].median() if rank_side.IDLE_COLUMN in largest.columns else 0.0
             cpu = (own - (0.0 if pd.isna(idle) else idle) * times).clip(lower=1e-9)

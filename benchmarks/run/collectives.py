@@ -91,6 +91,8 @@ TARGET_S = 0.5
 MIN_ITERS, MAX_ITERS = 5, 100_000
 IDLE_WINDOW_S = 0.1
 """How long each size's idle window is: the caller sleeps, the framework's threads do what they do unasked."""
+IDLE_SETTLE_S = 0.02
+"""Slept before the idle window: the barrier just passed may still be answered by a background thread."""
 
 
 def warmup_count(size_bytes: int) -> int:
@@ -192,6 +194,7 @@ def idle_cpu_per_s() -> float:
     """CPU seconds per second the process's threads other than this one use while it sleeps: Horovod's background
     loop cycles (and may spin in MPI) with nothing to send. Training pays it during compute too, so the compute
     baseline already holds it and a collective takes from compute only what it uses beyond it."""
+    time.sleep(IDLE_SETTLE_S)
     t0, c0, own0 = time.perf_counter(), time.process_time(), time.thread_time()
     time.sleep(IDLE_WINDOW_S)
     return max(0.0, ((time.process_time() - c0) - (time.thread_time() - own0)) / (time.perf_counter() - t0))

@@ -122,6 +122,8 @@ class Trainer:
         gradient-ready schedule's clock).
         """
         model, optimizer = bare or (self.model, self.optimizer)
+        # The compute baseline steps outside the backend, but a sharded copy's gradients sync inside it.
+        through = bare is None or (bare is self._bare and not self.backend.baseline_is_plain)
         k = len(micro_batches)
         kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         timer = self.timer
@@ -130,8 +132,6 @@ class Trainer:
             x, y = self.train_feed.fetch(batch)  # waiting for a DataLoader counts here, in data_s
             timer.lap("data")
             last = i == k - 1
-            # The compute baseline steps outside the backend, but a sharded copy's gradients sync inside it.
-            through = bare is None or (bare is self._bare and not self.backend.baseline_is_plain)
             with self.backend.accumulation(model, last) if through else contextlib.nullcontext():
                 out = model(x)
                 per_sample = self.workload.loss(out, y)
@@ -281,7 +281,9 @@ class Trainer:
             self._beat()
 
         # Steps of its own, after the timed ones, on a model whose parameters take their gradients in backward.
-        clocked_on = self._bare if self.backend.baseline_is_plain else self._copy(self.backend.full_copy)
+        if not self.backend.baseline_is_plain:
+            self._bare = None  # its timed steps are done: two full copies at once would double the baseline's memory
+        clocked_on = self._bare or self._copy(self.backend.full_copy)
         schedule = ready.measure(clocked_on[0], lambda b, e: clocked(b, e, clocked_on), self.device)
         gathered = self.backend.all_gather_object(self._baseline_rows)
         slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*gathered, strict=True)]

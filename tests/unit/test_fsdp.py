@@ -107,6 +107,7 @@ class Probe(Trainer):
         self.in_baseline = False
         self.counts: dict[str, list[int]] = {"training": [], "baseline": []}
         self.buffers_before: list[dict[str, torch.Tensor]] = []
+        self.baseline_seen: dict[str, Any] = {}
 
     def compute_baseline(self, plan: Any) -> list[float]:
         self.in_baseline = True
@@ -114,11 +115,12 @@ class Probe(Trainer):
             return super().compute_baseline(plan)
         finally:
             self.in_baseline = False
-            if self._bare is not None:  # what the baseline timed: each parameter's mesh size, and the record
-                sizes = {p.device_mesh.size() if isinstance(p, DTensor) else 0 for p in self._bare[0].parameters()}
-                self.baseline_seen = {"meshes": sorted(sizes), "copy": (self.baseline or {}).get("copy")}
+            self.baseline_seen["copy"] = (self.baseline or {}).get("copy")
 
     def train_step(self, micro_batches: Any, epoch: int, bare: Any = None, *rest: Any) -> dict[str, Any]:
+        if self.in_baseline and "meshes" not in self.baseline_seen:  # the timed steps' model: its meshes' sizes
+            sizes = {p.device_mesh.size() if isinstance(p, DTensor) else 0 for p in bare[0].parameters()}
+            self.baseline_seen["meshes"] = sorted(sizes)
         before = collectives_so_far(self.backend) if isinstance(self.backend, FSDPBackend) else 0
         row = super().train_step(micro_batches, epoch, bare, *rest)
         if isinstance(self.backend, FSDPBackend):
@@ -155,7 +157,7 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
         assert isinstance(trainer, Probe)
         found["held"][name] = trainer.memory.read()
         found["counts"][name] = trainer.counts
-        found.setdefault("baseline", {})[name] = getattr(trainer, "baseline_seen", None)
+        found.setdefault("baseline", {})[name] = trainer.baseline_seen
         return trainer
 
     try:
