@@ -62,8 +62,7 @@ class Fit:
     `in_fit` (whether the fit used it)."""
     cpu: Cost | None = None
     """The same ring form fitted to the CPU time of the collective's own threads per call (the sweep's
-    `cpu_mean_s` − `caller_cpu_mean_s`, less their idle use, `idle_cpu_per_s` × the call's time); None for a given
-    link or a sweep from before those columns."""
+    `cpu_mean_s` − `caller_cpu_mean_s`); None for a given link or a sweep from before those columns."""
 
     @property
     def worst_residual(self) -> float | None:

@@ -193,7 +193,7 @@ def size_row(
 def idle_cpu_per_s() -> float:
     """CPU seconds per second the process's threads other than this one use while it sleeps: Horovod's background
     loop cycles (and may spin in MPI) with nothing to send. Training pays it during compute too, so the compute
-    baseline already holds it and a collective takes from compute only what it uses beyond it."""
+    baseline already holds it (docs/benchmarks.md: what the projection does with it, and why)."""
     time.sleep(IDLE_SETTLE_S)
     t0, c0, own0 = time.perf_counter(), time.process_time(), time.thread_time()
     time.sleep(IDLE_WINDOW_S)

@@ -96,10 +96,10 @@ def test_the_cpu_a_message_takes_while_backward_runs_is_taken_from_compute_and_n
     fitted = project.fits_from_frame(frame.assign(impl="torch-gloo", collective="allreduce"), "sweep")
     cpu_cost = fitted[("torch-gloo", "allreduce")].cpu
     assert cpu_cost is not None and cpu_cost.beta_s_per_byte == pytest.approx(2e-9, rel=1e-6)
-    # Threads busy a tenth of each second with nothing to send: that tenth of each call is in the compute baseline.
+    # The threads' idle use is recorded, not taken off (docs/benchmarks.md says why).
     idle = project.fits_from_frame(frame.assign(impl="h", collective="allreduce", idle_cpu_per_s=0.1), "sweep")
     idle_cost = idle[("h", "allreduce")].cpu
-    assert idle_cost is not None and idle_cost.beta_s_per_byte == pytest.approx(2e-9 - 0.1 * 8e-9, rel=1e-6)
+    assert idle_cost is not None and idle_cost.beta_s_per_byte == pytest.approx(2e-9, rel=1e-6)
 
 
 def test_horovod_fuses_what_each_cycle_finds_ready() -> None:
