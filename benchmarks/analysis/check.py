@@ -345,6 +345,7 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
     world = int(meta.get("world_size") or 0)
     collective = meta.get("collective", "allreduce")
     factor = "2(n−1)/n" if collective == "allreduce" else "(n−1)/n"
+    cpu = (*rank_side.CPU_COLUMNS, rank_side.IDLE_COLUMN)  # measured: empty on a wrong row, never negative
     if status == "completed" and list(pd.to_numeric(rows["size_bytes"], errors="coerce")) != meta["sizes"]:
         problems.append(f"{name}: sizes are not run.json's {meta['sizes']} (one row per size, in order)")
     for i, row in enumerate(rows.to_dict("records"), start=2):
@@ -363,7 +364,7 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
             problems.append(f"{where} elements × {meta.get('dtype')} width ≠ size_bytes, or iterations < 1")
         timed = ("time_mean_s", "time_min_s", "time_max_s", "algbw_gbps", "busbw_gbps")
         if row["correct"] != "True":
-            if any(row.get(c, "") != "" for c in (*timed, *rank_side.CPU_COLUMNS, rank_side.IDLE_COLUMN)):
+            if any(row.get(c, "") != "" for c in (*timed, *cpu)):
                 problems.append(f"{where} a wrong result claims a time or bandwidth")
             if status == "completed":
                 problems.append(f"{where} a completed run has a wrong result")
@@ -376,7 +377,7 @@ def _allreduce_rows(rows: pd.DataFrame, meta: dict, status: str) -> list[str]:
         if not (0 < low <= mean * (1 + RELATIVE_TOLERANCE) and mean <= high * (1 + RELATIVE_TOLERANCE)):
             problems.append(f"{where} not 0 < time_min_s <= time_mean_s <= time_max_s")
             continue
-        for c in (*rank_side.CPU_COLUMNS, rank_side.IDLE_COLUMN):
+        for c in cpu:
             if c in row and not _non_negative(row[c]):
                 problems.append(f"{where} {c} {row[c]!r} is not a number ≥ 0")
         if not math.isclose(alg, rank_side.algbw_gbps(size, mean), rel_tol=1e-6):

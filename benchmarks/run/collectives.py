@@ -182,11 +182,8 @@ def size_row(
             algbw_gbps=algbw_gbps(size, mean),
             busbw_gbps=busbw,
         )
-        row.update(
-            cpu_mean_s=sum(c for c, *_ in cpu_per_rank) / len(cpu_per_rank),
-            caller_cpu_mean_s=sum(c for _, c, _ in cpu_per_rank) / len(cpu_per_rank),
-            idle_cpu_per_s=sum(c for *_, c in cpu_per_rank) / len(cpu_per_rank),
-        )
+        means = (sum(column) / len(column) for column in zip(*cpu_per_rank, strict=True))
+        row.update(zip((*CPU_COLUMNS, IDLE_COLUMN), means, strict=True))
     return row
 
 

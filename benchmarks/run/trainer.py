@@ -274,17 +274,17 @@ class Trainer:
             self.train_feed.replaying = False
             return []
         taken = [BASELINE_WARMUP_STEPS + share]  # the steps after the timed ones, in turn
-
-        def clocked(begin: Callable[[], None], end: Callable[[], None], bare: tuple[nn.Module, Any]) -> None:
-            self.train_step(steps[taken[0] % len(steps)], 0, bare, (begin, end))
-            taken[0] += 1
-            self._beat()
-
         # Steps of its own, after the timed ones, on a model whose parameters take their gradients in backward.
         if not self.backend.baseline_is_plain:
             self._bare = None  # its timed steps are done: two full copies at once would double the baseline's memory
         clocked_on = self._bare or self._copy(self.backend.full_copy)
-        schedule = ready.measure(clocked_on[0], lambda b, e: clocked(b, e, clocked_on), self.device)
+
+        def clocked(begin: Callable[[], None], end: Callable[[], None]) -> None:
+            self.train_step(steps[taken[0] % len(steps)], 0, clocked_on, (begin, end))
+            taken[0] += 1
+            self._beat()
+
+        schedule = ready.measure(clocked_on[0], clocked, self.device)
         gathered = self.backend.all_gather_object(self._baseline_rows)
         slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*gathered, strict=True)]
         self.baseline = {
