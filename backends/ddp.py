@@ -19,6 +19,8 @@ from benchmarks import launch
 from benchmarks.config import DDPConfig
 from benchmarks.launch import rendezvous
 
+DEFAULT_BUCKET_MB, DEFAULT_FIRST_BUCKET_MB = 25.0, dist._DEFAULT_FIRST_BUCKET_BYTES / 2**20
+"""DDP's own bucket sizes when it is given no bucket_cap_mb (torch.distributed's default first bucket is 1 MiB)."""
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "mean": dist.ReduceOp.SUM}
 
 
@@ -62,7 +64,7 @@ class DDPBackend(Backend[DDPConfig]):
         ddp_model = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=self.options.bucket_cap_mb,
+            **self._bucket_kwarg(),
             gradient_as_bucket_view=self.options.gradient_as_bucket_view,
             static_graph=self.options.static_graph,
             **_buffer_sync_kwarg(self.options.broadcast_buffers),
@@ -71,6 +73,10 @@ class DDPBackend(Backend[DDPConfig]):
         if self.run.fp16_allreduce:
             ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return ddp_model, optimizer
+
+    def _bucket_kwarg(self) -> dict[str, float]:
+        # Only when given: DDP then caps its first bucket likewise, where its default starts with 1 MiB.
+        return {} if self.options.bucket_cap_mb is None else {"bucket_cap_mb": self.options.bucket_cap_mb}
 
     @contextlib.contextmanager
     def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
@@ -99,7 +105,9 @@ class DDPBackend(Backend[DDPConfig]):
         return {
             **super().describe(),
             "dist_backend": self.dist_backend,
-            "bucket_cap_mb": self.options.bucket_cap_mb,
+            "bucket_cap_mb": self.options.bucket_cap_mb or DEFAULT_BUCKET_MB,
+            "first_bucket_mb": self.options.bucket_cap_mb or DEFAULT_FIRST_BUCKET_MB,
+            "bucket_cap_given": self.options.bucket_cap_mb is not None,
             "gradient_as_bucket_view": self.options.gradient_as_bucket_view,
             "static_graph": self.options.static_graph,
             "broadcast_buffers": self.options.broadcast_buffers,

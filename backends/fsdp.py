@@ -16,13 +16,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
+from backends import step
 from backends.ddp import DDPBackend, join_process_group
 from benchmarks.config import FSDPConfig
 from benchmarks.errors import InputError
-
-BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
 
 
 def _own_parameters(module: nn.Module) -> int:
@@ -55,16 +55,8 @@ def units_of(model: nn.Module, policy: str, min_params: int) -> list[str]:
     alone = _self_contained(model)
     modules = list(model.named_modules())
     if policy in ("blocks", "auto"):
-        blocks = [
-            f"{name}.{child_name}" if name else child_name
-            for name, module in modules
-            if isinstance(module, BLOCK_CONTAINERS)
-            for child_name, child in module.named_children()
-            if _own_parameters(child)
-        ]
         # The outermost blocks only: a transformer layer is one unit, not also its MLP's Sequential inside.
-        outer = [name for name in blocks if not any(name.startswith(other + ".") for other in blocks)]
-        chosen = [name for name in outer if alone(name)]
+        chosen = [name for name in step.outer_blocks(model) if alone(name)]
         if chosen or policy == "blocks":
             order = {name: i for i, (name, _) in enumerate(modules)}
             return sorted(chosen, key=lambda n: -order[n])
@@ -149,6 +141,27 @@ class FSDPBackend(DDPBackend):
         model.set_requires_gradient_sync(last_micro_batch)
         yield
 
+    def compile(self, model: nn.Module) -> nn.Module:
+        # FSDP2: compiled per unit, its forward alone; the hooks that gather and reduce-scatter stay eager around
+        # it, and the root's own layers (embedding, head) stay eager too.
+        for name in self.units:
+            unit = model.get_submodule(name)
+            unit.forward = torch.compile(unit.forward)
+        return model
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        # FSDP2: each rank sees only its gradient shards; the sharded scaler agrees on found-inf over the ranks.
+        return ShardedGradScaler(self.device.type) if self.run.amp == "fp16" else None
+
+    def clip(self, model: nn.Module, max_norm: float) -> None:
+        # FSDP2: the gradients are DTensor shards; the total norm of the whole model reduces each rank's part over
+        # the mesh (full_tensor) before every shard is scaled by it.
+        params = [p for p in model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
     @contextlib.contextmanager
     def evaluation(self, model: nn.Module) -> Iterator[None]:
         # FSDP2's forward all-gathers each unit: a collective every rank must join, but a validation's ranks
@@ -183,7 +196,7 @@ class FSDPBackend(DDPBackend):
         if self.alone is None:  # local synchronisation: no rank waits on another to make a group of itself
             group = dist.new_group([self.rank], use_local_synchronization=True)
             self.alone = DeviceMesh.from_group(group, self.device.type)
-        plain = self.full_copy(model, build_model)
+        plain = step.apply(self.full_copy(model, build_model), self.run)
         return shard_units(plain, self.units, self.alone, self.options.reshard_after_forward, self.mixed_precision())
 
     def describe(self) -> dict[str, Any]:

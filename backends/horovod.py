@@ -118,6 +118,17 @@ class HorovodBackend(Backend[HorovodConfig]):
         )
         return model, wrapped
 
+    def optimizer_step(self, model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
+        if scaler is None and self.run.clip_grad_norm is None:
+            optimizer.step()  # Horovod: step() waits for the gradients' reductions itself
+            optimizer.zero_grad()
+            return
+        # Horovod: gradients are read (unscaled, clipped) only once reduced: synchronize() waits for them, and the
+        # step that follows must not wait again (skip_synchronize), Horovod's documented recipe.
+        optimizer.synchronize()
+        with optimizer.skip_synchronize():
+            super().optimizer_step(model, optimizer, scaler)
+
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         hvd = self.hvd_module
         hvd_op = {"sum": hvd.Sum, "mean": hvd.Average, "max": hvd.Max}[op]

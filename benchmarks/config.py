@@ -24,6 +24,13 @@ def _opt(default: Any, help: str, shown: str | None = None, **extra: Any) -> Any
 VAL_STRATEGIES = ("exact", "sampler", "replicated", "rank0")
 """`--val-strategy`'s values; `benchmarks.run.validation` says what each evaluates."""
 
+AMP_MODES = ("off", "bf16", "fp16")
+"""`--amp`'s values (backends.step applies them)."""
+COMPILE_MODES = ("off", "on")
+"""`--compile`'s values."""
+STEP_LISTS = ("amp", "compile")
+"""Step options that compare and tune take as a list, each combination its own runs and decision."""
+
 WORKLOAD_DEFAULT = "the workload's"
 """`shown` of an option whose None is filled in per workload (benchmarks.catalog.defaults_for)."""
 
@@ -117,6 +124,37 @@ class RunConfig:
         "fp16 gradient compression: DDP fp16_compress_hook, Horovod Compression.fp16, FSDP2 MixedPrecisionPolicy "
         "reduce_dtype float16",
     )
+    amp: str = _opt(
+        "off",
+        "mixed precision: autocast to bf16 or fp16 on the rank's device around forward and loss, the same for every "
+        "backend; parameters, gradients and optimizer state stay fp32; fp16 scales the loss with a GradScaler whose "
+        "skipped steps run.json step records; compare and tune take a list, e.g. off,bf16",
+        listed=AMP_MODES,
+    )
+    compile: str = _opt(
+        "off",
+        "torch.compile (inductor) as each framework documents it: DDP's module whole, FSDP2 each unit's forward, "
+        "Horovod and single the model; the warm-up lasts until no step compiles, and run.json step records the "
+        "compile time; --compile alone is on; compare and tune take off,on",
+        listed=COMPILE_MODES,
+        const="on",
+    )
+    clip_grad_norm: float | None = _opt(
+        None,
+        "clip the gradients to this total norm, each framework's way: after DDP's backward, Horovod's synchronize() "
+        "then step() under skip_synchronize(), FSDP2's sharded norm reduced over the ranks",
+        "off",
+    )
+    activation_checkpointing: bool = _opt(
+        False,
+        "recompute each block's activations in backward (torch.utils.checkpoint, non-reentrant): the "
+        "transformer's layers, the cnn's residual blocks, a hf: model's layers",
+    )
+    peak_tflops: float | None = _opt(
+        None,
+        "the peak TFLOP/s per rank that summary.csv mfu is against, e.g. a GPU's datasheet figure for --amp's dtype",
+        "this machine's matmul peak at the rank's threads and dtype, measured after training",
+    )
     timeout: float = _opt(300.0, "seconds a rank may wait in start-up or a collective before failing")
     quiet: bool = _opt(False, "no progress bar (the bar is on rank 0 only)")
     overwrite: bool = _opt(False, "replace an existing run directory of the same --run-id")
@@ -130,7 +168,12 @@ class DDPConfig:
     """Knobs of torch.nn.parallel.DistributedDataParallel (defaults are PyTorch's)."""
 
     dist_backend: str | None = _opt(None, "torch.distributed backend", "gloo on CPU, nccl on CUDA")
-    bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MB", above=0)
+    bucket_cap_mb: float | None = _opt(
+        None,
+        "DDP gradient bucket size in MB; given, torch makes the first bucket that size too",
+        "torch's: 25, the first bucket 1 MiB",
+        above=0,
+    )
     gradient_as_bucket_view: bool = _opt(False, "let gradients alias the DDP buckets")
     static_graph: bool = _opt(False, "tell DDP the graph is the same every step")
     broadcast_buffers: bool = _opt(
@@ -351,6 +394,8 @@ def check_values(section_obj: Any) -> None:
     value given on the command line and one from a tune grid are held to the same rule."""
     for f in dataclasses.fields(section_obj):
         value, meta = getattr(section_obj, f.name), f.metadata
+        if value is None:  # not given: the framework's own default
+            continue
         if "choices" in meta and value not in meta["choices"]:
             raise InputError(f"{flag_of(f)} must be one of {', '.join(meta['choices'])}, got {value!r}")
         if "above" in meta and not value > meta["above"]:
@@ -404,6 +449,8 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
             group.add_argument(flag_of(f), action=action, default=f.default).help = help_text
             continue
         kind = {"int": int, "int | None": int, "float": float, "float | None": float}.get(str(f.type), str)
+        # `const`: the flag alone means that value (--compile), while compare still takes a list after it.
+        optional = {"nargs": "?", "const": f.metadata["const"]} if "const" in f.metadata else {}
         group.add_argument(
             flag_of(f),
             type=kind,
@@ -411,6 +458,7 @@ def add_arguments(parser: argparse.ArgumentParser, section: type) -> None:
             help=help_text,
             choices=f.metadata.get("choices"),
             action=_StoreGiven,
+            **optional,
         )
 
 

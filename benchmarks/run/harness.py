@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import backends
+from backends import step
 from backends.base import Backend
 from benchmarks import environment, launch
 from benchmarks.config import RunConfig
@@ -267,6 +268,7 @@ def run(
     ready = workloads.prepare(cfg, info.world_size, autotune=getattr(options, "autotune", False))
     cfg = ready.cfg
     backend_cls.check_model(ready.workload.build_model, options)  # e.g. an FSDP unit policy that names nothing
+    step.check(cfg, cfg.device, ready.workload.build_model)  # e.g. no C++ compiler for --compile
     data_print = fingerprint.of_data(ready.workload.train, ready.workload.val)  # compared once the ranks join
     workload, weight_prints = fingerprint.recording(ready.workload)
     backend_cls.check_available()
@@ -324,6 +326,8 @@ def run(
         if recorder is not None:
             if trainer.baseline is not None:
                 recorder.meta["compute_baseline"] = trainer.baseline
+            if trainer.step_record is not None:
+                recorder.meta["step"] = trainer.step_record
             recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
             with failure.recording:  # a signal now waits for the write, and finds the run completed
                 recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)

@@ -23,8 +23,8 @@ import numpy as np
 from benchmarks import files
 from benchmarks.run import guard
 
-SCHEMA_VERSION = 4
-KNOWN_SCHEMAS = frozenset({1, 2, 3, 4})
+SCHEMA_VERSION = 5
+KNOWN_SCHEMAS = frozenset({1, 2, 3, 4, 5})
 RUN_JSON, TIMING_CSV, LOSS_CSV, SUMMARY_CSV = "run.json", "timing.csv", "loss.csv", "summary.csv"
 FINISH_LOCK_WAIT_S = 5.0
 RESERVE, RESERVE_BYTES = ".space-reserve", 64 * 1024
@@ -60,7 +60,10 @@ LOSS_COLUMNS = (
     "samples",
     *VAL_LOSS_COLUMNS,
 )
-LOSS_COLUMNS_OF = {**dict.fromkeys((1, 2, 3), LOSS_COLUMNS[: LOSS_COLUMNS.index(VAL_LOSS_COLUMNS[0])]), 4: LOSS_COLUMNS}
+LOSS_COLUMNS_OF = {
+    **dict.fromkeys((1, 2, 3), LOSS_COLUMNS[: LOSS_COLUMNS.index(VAL_LOSS_COLUMNS[0])]),
+    **dict.fromkeys((4, 5), LOSS_COLUMNS),
+}
 """loss.csv's header by run.json schema_version: version 4 added the validation's time."""
 MEMORY_MEASURES = (
     "peak_rss_mb",
@@ -99,6 +102,9 @@ VALIDATION_COLUMNS = (
 """summary.csv's validation columns (schema 4): the strategy, the median validation time (slowest rank)
 and the throughput over the set, the samples each validation evaluated over all ranks and how many of
 them were duplicates, and the exact loss of the last validation's model."""
+FLOPS_COLUMNS = ("model_flops_per_step", "achieved_tflops_per_rank", "peak_tflops", "mfu", "tokens_per_s")
+"""summary.csv's throughput in FLOPs (schema 5, run.json `step`): model FLOPs of one rank's step, their rate per
+rank over the timed window, the peak it is against and their ratio (MFU), and tokens per second (token workloads)."""
 SUMMARY_COLUMNS = (
     "run_id",
     "backend",
@@ -119,15 +125,17 @@ SUMMARY_COLUMNS = (
     "exposed_comm_share",
     *MEMORY_COLUMNS,
     *VALIDATION_COLUMNS,
+    *FLOPS_COLUMNS,
 )
 SUMMARY_COLUMNS_OF = {
     1: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index("compute_s")],
     2: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index(MEMORY_COLUMNS[0])],
     3: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index(VALIDATION_COLUMNS[0])],
-    4: SUMMARY_COLUMNS,
+    4: SUMMARY_COLUMNS[: SUMMARY_COLUMNS.index(FLOPS_COLUMNS[0])],
+    5: SUMMARY_COLUMNS,
 }
 """summary.csv's header by run.json schema_version: version 2 added the step breakdown at the end,
-version 3 the memory columns, version 4 the validation's."""
+version 3 the memory columns, version 4 the validation's, version 5 the FLOPs."""
 
 
 class ResultsWriteError(OSError):
@@ -196,6 +204,45 @@ class Recorder:
             if not row["warmup"]:
                 self._slowest[row["step"]] = max(self._slowest[row["step"]], row["step_s"])
                 self._timed_samples += row["samples"]
+
+    def gathered(self, gathered: list[Any]) -> list[dict[str, Any]]:
+        """Every rank's buffered step rows, as [rows, rank] pairs: timing.csv gets each rank's, loss.csv each
+        step's loss over all ranks' samples; returns those loss rows."""
+        meta = self.meta
+        common = {"run_id": meta["run_id"], "backend": meta["backend"], "world_size": meta["world_size"]}
+        timing, by_step = [], {}
+        for rows, rank in gathered:
+            for row in rows:
+                timing.append({**common, "rank": rank, **{c: row[c] for c in TIMING_COLUMNS if c in row}})
+                acc = by_step.setdefault(
+                    row["step"],
+                    {
+                        "epoch": row["epoch"],
+                        "loss": 0.0,
+                        "correct": 0.0,
+                        "samples": 0,
+                        "has_acc": row["correct_sum"] is not None,
+                    },
+                )
+                acc["loss"] += row["loss_sum"]
+                acc["correct"] += row["correct_sum"] or 0.0
+                acc["samples"] += row["samples"]
+        timing.sort(key=lambda r: (r["step"], r["rank"]))
+        losses = [
+            {
+                **common,
+                "epoch": a["epoch"],
+                "step": step,
+                "split": "train",
+                "loss": a["loss"] / a["samples"],
+                "accuracy": a["correct"] / a["samples"] if a["has_acc"] else None,
+                "samples": a["samples"],
+            }
+            for step, a in sorted(by_step.items())
+        ]
+        self.timing(timing)
+        self.loss(losses)
+        return losses
 
     def loss(self, rows: list[dict[str, Any]]) -> None:
         self._append(LOSS_CSV, LOSS_COLUMNS, rows)
@@ -307,6 +354,21 @@ def summary_row(
         "exposed_comm_share": exposed / step if exposed is not None and step else None,
         **memory_range(memory),
         **validation_summary(meta, val, val_s),
+        **flops_summary(meta.get("step") or {}, len(times), timed_samples, timed_wall_s),
+    }
+
+
+def flops_summary(step: dict[str, Any], timed_steps: int, timed_samples: int, timed_wall_s: float) -> dict[str, Any]:
+    """FLOPS_COLUMNS from run.json `step`: empty where it was not measured."""
+    flops, peak = step.get("model_flops_per_step"), step.get("peak_tflops")
+    achieved = flops * timed_steps / timed_wall_s / 1e12 if flops and timed_steps and timed_wall_s > 0 else None
+    tokens = step.get("tokens_per_sample")
+    return {
+        "model_flops_per_step": flops,
+        "achieved_tflops_per_rank": achieved,
+        "peak_tflops": peak,
+        "mfu": achieved / peak if achieved is not None and peak else None,
+        "tokens_per_s": timed_samples * tokens / timed_wall_s if tokens and timed_wall_s > 0 else None,
     }
 
 

@@ -4,7 +4,6 @@ steps, exact validation; and --eval-only's few untimed steps before timed valida
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -14,9 +13,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from backends import step as step_options
 from backends.base import Backend
 from benchmarks.config import RunConfig
-from benchmarks.run import data, faults, guard, memory, phases, progress, ready, sharding, validation, workloads
+from benchmarks.run import (
+    data,
+    faults,
+    guard,
+    memory,
+    phases,
+    progress,
+    ready,
+    sharding,
+    stepper,
+    validation,
+    workloads,
+)
 from benchmarks.run import recorder as results
 from benchmarks.run.validation import VALIDATION_BUFFERS
 
@@ -72,11 +84,15 @@ class Trainer:
         self.device = backend.device
         sharding.seed_everything(cfg.seed)
         self.memory = memory.Meter(self.device)  # before the model: training's own share is peak − this
-        self.raw_model = backend.shard(workload.build_model().to(self.device))  # FSDP2: the optimizer gets shards
+        model = workload.build_model().to(self.device)
+        self.checkpointed = step_options.checkpoint_blocks(model) if cfg.activation_checkpointing else []
+        self.raw_model = backend.shard(model)  # FSDP2: the optimizer gets shards
         optimizer = make_optimizer(self.raw_model, cfg, workload)
         self.optimizer_meta = describe_optimizer(optimizer)
-        self.model, self.optimizer = backend.prepare(self.raw_model, optimizer)
-        self.memory.track(self.raw_model, self.optimizer)
+        self.training = stepper.trained(*backend.prepare(self.raw_model, optimizer), backend, cfg)
+        self.memory.track(self.raw_model, self.training.optimizer)
+        self.autocast = step_options.autocast(cfg, self.device)
+        self.warmup = stepper.Warmup(cfg, lambda mine: int(self._agree_max(mine)))
         self.train_feed = data.TrainFeed(workload.train, cfg, backend.rank, backend.world_size, self.device)
         self.validation = validation.Validation(backend, workload, cfg, self._beat)
         self.pending: list[dict[str, Any]] = []
@@ -88,9 +104,11 @@ class Trainer:
         """The slowest rank's time of each compute-baseline step (empty when it is off)."""
         self.baseline: dict[str, Any] | None = None
         """run.json `compute_baseline`: its phases and the gradient-ready schedule (None when it is off)."""
-        self._bare: tuple[nn.Module, torch.optim.Optimizer] | None = None
+        self._bare: stepper.Trained | None = None
         self._baseline_rows: list[list[float]] = []
         self.progress: progress.tqdm | progress.LineProgress | None = None
+        self.step_record: dict[str, Any] | None = None
+        """run.json `step` (measure_step), once trained."""
         if recorder is not None:
             recorder.meta["validation_buffers"] = VALIDATION_BUFFERS
 
@@ -112,18 +130,17 @@ class Trainer:
         self,
         micro_batches: list[list[int]],
         epoch: int,
-        bare: tuple[nn.Module, Any] | None = None,
+        bare: stepper.Trained | None = None,
         around_last_backward: tuple[Callable[[], None], Callable[[], None]] | None = None,
     ) -> dict[str, Any]:
-        """One optimizer step, timed phase by phase; nothing here talks to other ranks.
+        """One optimizer step, timed phase by phase; nothing here talks to other ranks but the framework's own
+        gradient reduction. Backward and the optimizer step are the backend's (`Trained.via`).
 
-        `bare`: a model and optimizer to step instead, outside the backend (the compute baseline).
+        `bare`: a copy to step instead (the compute baseline), outside the backend or inside it alone.
         `around_last_backward`: called just before and just after the last micro-batch's backward (the
         gradient-ready schedule's clock).
         """
-        model, optimizer = bare or (self.model, self.optimizer)
-        # The compute baseline steps outside the backend, but a sharded copy's gradients sync inside it.
-        through = bare is None or (bare is self._bare and not self.backend.baseline_is_plain)
+        trains = bare or self.training
         k = len(micro_batches)
         kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         timer = self.timer
@@ -132,22 +149,23 @@ class Trainer:
             x, y = self.train_feed.fetch(batch)  # waiting for a DataLoader counts here, in data_s
             timer.lap("data")
             last = i == k - 1
-            with self.backend.accumulation(model, last) if through else contextlib.nullcontext():
-                out = model(x)
-                per_sample = self.workload.loss(out, y)
+            with trains.via.accumulation(trains.model, last):
+                with self.autocast:
+                    out = trains.call(x)
+                    per_sample = self.workload.loss(out, y)
                 loss = per_sample.mean() / k
                 timer.lap("forward")
                 if last and around_last_backward is not None:
                     around_last_backward[0]()
-                loss.backward()
+                trains.via.backward(loss, trains.scaler)
                 if last and around_last_backward is not None:
                     around_last_backward[1]()
                 timer.lap("backward")
             kept.append((per_sample.detach(), out.detach(), y))
-        optimizer.step()
-        optimizer.zero_grad()  # set_to_none, the default; Horovod takes no argument
+        trains.via.optimizer_step(trains.model, trains.optimizer, trains.scaler)  # unscale, clip, step, zero
         timer.lap("optimizer")
         phase, step_s = timer.finish()  # on CUDA the step's one host synchronisation
+        trains.note_scale()
         # Off the clock. On CUDA the sums stay on the device until `flush`: reading them here would be
         # a second host synchronisation per step, and the host could no longer run ahead into the next.
         correct = self.workload.correct
@@ -192,40 +210,7 @@ class Trainer:
 
     def _record(self, gathered: list[Any], recorder: results.Recorder) -> None:
         """Rank 0: write the gathered rows to timing.csv and loss.csv."""
-        meta = recorder.meta
-        common = {"run_id": meta["run_id"], "backend": meta["backend"], "world_size": meta["world_size"]}
-        timing, by_step = [], {}
-        for rows, rank in gathered:
-            for row in rows:
-                timing.append({**common, "rank": rank, **{c: row[c] for c in results.TIMING_COLUMNS if c in row}})
-                acc = by_step.setdefault(
-                    row["step"],
-                    {
-                        "epoch": row["epoch"],
-                        "loss": 0.0,
-                        "correct": 0.0,
-                        "samples": 0,
-                        "has_acc": row["correct_sum"] is not None,
-                    },
-                )
-                acc["loss"] += row["loss_sum"]
-                acc["correct"] += row["correct_sum"] or 0.0
-                acc["samples"] += row["samples"]
-        timing.sort(key=lambda r: (r["step"], r["rank"]))
-        losses = [
-            {
-                **common,
-                "epoch": a["epoch"],
-                "step": step,
-                "split": "train",
-                "loss": a["loss"] / a["samples"],
-                "accuracy": a["correct"] / a["samples"] if a["has_acc"] else None,
-                "samples": a["samples"],
-            }
-            for step, a in sorted(by_step.items())
-        ]
-        recorder.timing(timing)
-        recorder.loss(losses)
+        losses = recorder.gathered(gathered)
         if self.progress is not None and losses:
             self.progress.set_postfix_str(progress.loss_words(losses[-1]))
 
@@ -233,14 +218,17 @@ class Trainer:
         """One timed validation under --val-strategy (benchmarks.run.validation); its loss.csv row."""
         return self.validation.run(self.raw_model, epoch, self.global_step, self.recorder)
 
+    def _agree_max(self, mine: float) -> float:
+        """The largest of the ranks' values (a collective: never inside a timed step)."""
+        return float(self.backend.all_reduce(torch.tensor([mine], dtype=torch.float64, device=self.device), "max"))
+
     def _longest_window(self, seconds: float) -> float:
         """The longest of the ranks' timed windows (gathers left out), each on its own clock.
 
         Every rank's timed steps then fit inside it; rank 0's alone would not hold another rank's steps
         when rank 0 is descheduled while leaving a gather and the others are already stepping.
         """
-        mine = torch.tensor([seconds], dtype=torch.float64, device=self.device)
-        return float(self.backend.all_reduce(mine, "max").item())
+        return self._agree_max(seconds)
 
     def compute_baseline(self, plan: list[list[list[list[int]]]], chunk: int | None = None) -> list[float]:
         """Time --compute-baseline-steps steps of this rank's own batches with no gradient communication.
@@ -262,7 +250,9 @@ class Trainer:
         # Mid-training a loader's batches are replayed only while the baseline runs; the next epoch reopens it.
         self.train_feed.replaying = True
         if self._bare is None:  # a copy: training's weights and optimizer state stay as they are
-            self._bare = self._copy(self.backend.baseline_copy)
+            # A sharded copy (FSDP2 over this rank alone) steps inside its backend; a plain one outside any.
+            via = step_options.Plain(self.cfg, self.device) if self.backend.baseline_is_plain else self.backend
+            self._bare = self._copy(self.backend.baseline_copy, via)
         steps = [step for epoch in plan for step in epoch]
         self.backend.barrier()
         for i in range(BASELINE_WARMUP_STEPS + share):
@@ -277,14 +267,14 @@ class Trainer:
         # Steps of its own, after the timed ones, on a model whose parameters take their gradients in backward.
         if not self.backend.baseline_is_plain:
             self._bare = None  # its timed steps are done: two full copies at once would double the baseline's memory
-        clocked_on = self._bare or self._copy(self.backend.full_copy)
+        clocked_on = self._bare or self._copy(self.backend.full_copy, step_options.Plain(self.cfg, self.device))
 
         def clocked(begin: Callable[[], None], end: Callable[[], None]) -> None:
             self.train_step(steps[taken[0] % len(steps)], 0, clocked_on, (begin, end))
             taken[0] += 1
             self._beat()
 
-        schedule = ready.measure(clocked_on[0], clocked, self.device)
+        schedule = ready.measure(clocked_on.model, clocked, self.device)
         gathered = self.backend.all_gather_object(self._baseline_rows)
         slowest = [max(rows, key=lambda r: r[0]) for rows in zip(*gathered, strict=True)]
         self.baseline = {
@@ -295,10 +285,29 @@ class Trainer:
         }
         return [r[0] for r in slowest]
 
-    def _copy(self, how: Callable[[nn.Module, Callable[[], nn.Module]], nn.Module]) -> tuple[nn.Module, Any]:
-        """A copy of the model made by the backend's `how`, with a bare optimizer of training's kind."""
-        model = how(self.raw_model, self.workload.build_model)
-        return model, make_optimizer(model, self.cfg, self.workload)
+    def measure_step(self, plan: list[list[list[list[int]]]]) -> dict[str, Any]:
+        """run.json `step`, off the clock once training is over: the compile warm-up of every rank, the model
+        FLOPs of one micro-batch, and this machine's matmul peak, measured by every rank at once."""
+        self.train_feed.replaying = True
+        x, y = self.train_feed.fetch(plan[0][0][0])
+        flops = stepper.model_flops(self.workload.build_model, self.workload.loss, x, y)
+        warmups = self.backend.all_gather_object(self.warmup.record())
+        self.backend.barrier()
+        peak = (
+            0.0
+            if self.cfg.peak_tflops
+            else step_options.matmul_peak_tflops(step_options.dtype_of(self.cfg), self.device)
+        )
+        peaks = self.backend.all_gather_object(peak)
+        return stepper.record(
+            self.cfg, warmups, self.training, self.checkpointed, flops, stepper.tokens_per_sample(x), peaks
+        )
+
+    def _copy(self, how: Callable[[nn.Module, Callable[[], nn.Module]], nn.Module], via: Any) -> stepper.Trained:
+        """A copy of the model made by the backend's `how`, with a bare optimizer of training's kind, stepped as
+        training is (the same step options) by `via`."""
+        model = step_options.apply(how(self.raw_model, self.workload.build_model), self.cfg)
+        return stepper.trained(model, make_optimizer(model, self.cfg, self.workload), via, self.cfg)
 
     def trace(self, plan: list[list[list[list[int]]]], directory: Path | None) -> dict[str, Any]:
         """Train --trace-steps more steps under the backend's tracer; rank 0 writes into `directory`.
@@ -335,10 +344,14 @@ class Trainer:
                 self.global_step += 1
                 if self.fault is not None:
                     self.fault.maybe_fire(self.global_step, self.backend.rank)
-                if window_start is None and self.global_step > cfg.warmup_steps:
+                if window_start is None and self.global_step > cfg.warmup_steps and self.warmup.settled():
                     self.backend.barrier()  # all ranks enter the timed window together
                     window_start = time.perf_counter()
-                self.pending.append(self.train_step(step, epoch))
+                self.warmup.start()
+                row = self.train_step(step, epoch)
+                row["warmup"] = window_start is None  # --compile: the warm-up lasts until nothing compiles
+                self.warmup.finish(row["step_s"], timed=window_start is not None)
+                self.pending.append(row)
                 self._beat()
                 self.progress.update()
                 if len(self.pending) >= cfg.flush_every:
@@ -360,6 +373,7 @@ class Trainer:
         if self.recorder is not None:
             self.recorder.memory(peaks)
         self.compute_step_s = self.compute_baseline(plan)
+        self.step_record = self.measure_step(plan)
         if cfg.trace:
             directory = self.recorder.run_dir / "trace" if self.recorder is not None else None
             traced = self.trace(plan, directory)

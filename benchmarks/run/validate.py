@@ -39,6 +39,7 @@ def validate(backend: str, cfg: RunConfig) -> None:
     if cfg.prefetch_factor < 1:
         raise InputError(f"--prefetch-factor must be a positive integer, got {cfg.prefetch_factor}")
     check_validation(cfg)
+    check_step(cfg)
     try:
         catalog.parse(cfg.workload)
     except ValueError as exc:
@@ -57,7 +58,30 @@ def validate(backend: str, cfg: RunConfig) -> None:
             raise InputError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
 
 
-TRAINING_ONLY = {"accumulate": 1, "fp16_allreduce": False, "trace": False}
+def check_step(cfg: RunConfig) -> None:
+    """The step options' values (what this torch and workload can apply is checked by backends.step.check)."""
+    for name, known in (("amp", config.AMP_MODES), ("compile", config.COMPILE_MODES)):
+        value = getattr(cfg, name)
+        if value not in known:
+            listed = "; compare and tune take a comma-separated list, run one" if "," in value else ""
+            raise InputError(f"{config.flag(name)} {value!r} is not one of {', '.join(known)}{listed}")
+    if cfg.clip_grad_norm is not None and not cfg.clip_grad_norm > 0:  # also refuses nan
+        raise InputError(
+            f"--clip-grad-norm must be a positive number (the largest total norm), got {cfg.clip_grad_norm}"
+        )
+    if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
+        raise InputError(f"--peak-tflops must be a positive number, got {cfg.peak_tflops}")
+
+
+TRAINING_ONLY = {
+    "accumulate": 1,
+    "fp16_allreduce": False,
+    "trace": False,
+    "amp": "off",
+    "compile": "off",
+    "clip_grad_norm": None,
+    "activation_checkpointing": False,
+}
 """Options --eval-only cannot apply (nothing is trained or traced), with the value that means "not given"."""
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler
 
+from backends import step as step_options
 from backends.base import Backend
 from benchmarks.config import VAL_STRATEGIES, RunConfig
 from benchmarks.run import data, sharding, workloads
@@ -175,7 +176,8 @@ class Validation:
         model.eval()
         backend.barrier()
         start = time.perf_counter()
-        with backend.evaluation(model):  # FSDP2: every unit gathered once, so the passes make no collective
+        # FSDP2: every unit gathered once, so the passes make no collective; --amp: under training's autocast
+        with backend.evaluation(model), step_options.autocast(self.cfg, self.device):
             totals = self._evaluate(model)
         self._sync()
         busy = time.perf_counter() - start
