@@ -128,14 +128,14 @@ class RunConfig:
         "off",
         "mixed precision: autocast to bf16 or fp16 on the rank's device around forward and loss, the same for every "
         "backend; parameters, gradients and optimizer state stay fp32; fp16 scales the loss with a GradScaler whose "
-        "skipped steps run.json step records; compare and tune take a list, e.g. off,bf16",
+        "skipped steps run.json step records; compare takes a list, e.g. off,bf16",
         listed=AMP_MODES,
     )
     compile: str = _opt(
         "off",
         "torch.compile (inductor) as each framework documents it: DDP's module whole, FSDP2 each unit's forward, "
         "Horovod and single the model; the warm-up lasts until no step compiles, and run.json step records the "
-        "compile time; --compile alone is on; compare and tune take off,on",
+        "compile time; --compile alone is on; compare takes a list, off,on",
         listed=COMPILE_MODES,
         const="on",
     )

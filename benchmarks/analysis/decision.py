@@ -25,7 +25,7 @@ import pandas as pd
 
 from benchmarks import files
 from benchmarks.analysis import intervals, stats
-from benchmarks.analysis.tables import SETUP, oversubscribed_words
+from benchmarks.analysis.tables import SETUP, oversubscribed_words, with_setup
 
 SCHEMA_VERSION = 2
 DECISION_JSON = "decision.json"
@@ -250,7 +250,7 @@ def read_plan(paths: list[str | Path]) -> dict[str, Any] | None:
 def _training_runs(per_run: pd.DataFrame) -> pd.DataFrame:
     """The runs a training decision is made on: a validation strategy changes no training step, so the runs of
     one variant under several strategies are the same training; the default (exact) ones, never eval-only runs."""
-    runs = per_run.assign(variant=per_run["variant"].fillna(per_run["backend"]))
+    runs = with_setup(per_run).assign(variant=per_run["variant"].fillna(per_run["backend"]))
     if "eval_only" in runs:
         runs = runs[~runs["eval_only"].fillna(False).astype(bool)]
     if "val_strategy" in runs and (runs["val_strategy"].fillna("exact") == "exact").any():

@@ -210,9 +210,11 @@ def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: boo
     # fp16 compression halves what DDP buckets and Horovod fuses; FSDP2 reduces in fp16 but gathers in fp32.
     grads = [schedule.Gradient(g.name, g.nbytes / 2, g.ready_s) for g in item.grads] if fp16 else item.grads
     if item.backend == "ddp":
-        # distbench always hands DDP bucket_cap_mb, and torch then makes the first bucket that size too.
+        # DDP given bucket_cap_mb caps its first bucket likewise; its own default starts with 1 MiB (run.json knobs
+        # first_bucket_mb; runs from before it was recorded were always given a cap).
         cap = knob(item, "bucket_cap_mb", 25.0)
-        return schedule.ddp(grads, item.backward_s, wire("allreduce"), cap, overlap, cpu=cpu)
+        first = knob(item, "first_bucket_mb", cap)
+        return schedule.ddp(grads, item.backward_s, wire("allreduce"), cap, overlap, first_bucket_mb=first, cpu=cpu)
     if item.backend == "horovod":
         # A given link has no agreement in it; Horovod's own sweep does (its fit's α), so none is added to it.
         negotiate = 2 * (n - 1) * cost.alpha_s if fit is costs.link else 0.0

@@ -4,8 +4,9 @@ exposed after backward ends.
 Times are seconds from the start of the step's last backward (earlier micro-batches of an accumulating
 step communicate nothing). The wire carries one message at a time, in the order the framework issues them:
 - DDP: buckets in the order gradients became ready (DDP rebuilds them so after its first step), each up to
-  `bucket_cap_mb` (torch's 1 MiB first bucket only where DDP is not given a cap, which distbench always
-  gives); a bucket goes when its last gradient is ready, and never before the bucket ahead of it.
+  `bucket_cap_mb`, the first up to `first_bucket_mb` (torch's 1 MiB where DDP is given no cap, as distbench
+  gives none unless asked; the cap itself otherwise); a bucket goes when its last gradient is ready, and
+  never before the bucket ahead of it.
 - Horovod: a background cycle every `cycle_time_ms`; each cycle first agrees on what is ready (one small
   collective), then sends it fused into buffers of up to `fusion_threshold_mb`, and the next cycle starts
   when this one is done and the cycle time has passed. The cycle's phase against backward is unknown, so

@@ -13,7 +13,14 @@ import pandas as pd
 from backends import ONE_PROCESS
 from benchmarks.analysis import intervals, stats
 from benchmarks.analysis.agreement import Agreement, loss_agreement
-from benchmarks.analysis.load import INTERRUPTED, MEMORY_COLUMNS, VALIDATION_COLUMNS, RunSet, with_strategy
+from benchmarks.analysis.load import (
+    INTERRUPTED,
+    MEMORY_COLUMNS,
+    PLAIN_STEP,
+    VALIDATION_COLUMNS,
+    RunSet,
+    with_strategy,
+)
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
@@ -26,7 +33,8 @@ __all__ = [
     "scaling",
 ]
 
-SETUP = ("workload", "global_batch", "world_size")
+SETUP = ("workload", "global_batch", "world_size", "step")
+"""What one comparison holds fixed; `step` is load.step_of's words ('fp32 eager', 'bf16 compiled, clip 1')."""
 MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
 LAUNCH = ("launcher", "controller")
@@ -234,6 +242,11 @@ def run_counts(per_run: pd.DataFrame) -> dict[str, dict[str, int]]:
         mine = counts.setdefault(variant, {"completed": 0, "failed": 0, INTERRUPTED: 0})
         mine[status if status in ("completed", INTERRUPTED) else "failed"] += 1
     return counts
+
+
+def with_setup(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with every SETUP column: rows from before the step options (no `step`) trained the plain step."""
+    return frame if "step" in frame or not len(frame.columns) else frame.assign(step=PLAIN_STEP)
 
 
 def setups(per_run: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:

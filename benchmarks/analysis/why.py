@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import collectives, rundir, stats, timeline
-from benchmarks.analysis.load import RunSet
-from benchmarks.analysis.tables import SETUP
+from benchmarks.analysis.load import PLAIN_STEP, RunSet
+from benchmarks.analysis.tables import SETUP, with_setup
 from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 
@@ -113,7 +113,7 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
     """Per setup and variant: each part's mean over runs with its 95 % interval, the share of the step
     that is exposed communication, and the gradient allreduce alone with the share of it hidden."""
     rows = []
-    for key, group in runs.groupby([*SETUP, "variant"], sort=False):
+    for key, group in with_setup(runs).groupby([*SETUP, "variant"], sort=False):
         setup, variant = key[:-1], key[-1]
         first = group.iloc[0]
         parts = {p: stats.mean_ci(group[p]) for p in ("step_ms", *PARTS)}
@@ -145,8 +145,9 @@ def breakdown(runs: pd.DataFrame, allreduce: pd.DataFrame | None) -> pd.DataFram
 
 def _of_setup(runs: pd.DataFrame, row: Any) -> pd.DataFrame:
     """The runs of `row`'s setup (workload, global batch, world size)."""
+    runs = with_setup(runs)
     for key in SETUP:
-        runs = runs[runs[key] == getattr(row, key)]
+        runs = runs[runs[key] == getattr(row, key, PLAIN_STEP if key == "step" else None)]
     return runs
 
 
@@ -173,7 +174,7 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
     names a cause only when that quantity's 95 % interval over `runs` (this module's `per_run`, at least
     stats.MIN_RUNS runs of each variant) excludes zero; otherwise it says the cause is not resolved."""
     said = []
-    for _, group in table.groupby(list(SETUP), sort=False):
+    for _, group in with_setup(table).groupby(list(SETUP), sort=False):
         base = group.iloc[0]
         for row in group.iloc[1:].itertuples():
             setup = f"{row.workload}, {row.world_size} ranks, global batch {row.global_batch}"

@@ -63,7 +63,7 @@ def check_step(cfg: RunConfig) -> None:
     for name, known in (("amp", config.AMP_MODES), ("compile", config.COMPILE_MODES)):
         value = getattr(cfg, name)
         if value not in known:
-            listed = "; compare and tune take a comma-separated list, run one" if "," in value else ""
+            listed = "; only compare takes a comma-separated list" if "," in value else ""
             raise InputError(f"{config.flag(name)} {value!r} is not one of {', '.join(known)}{listed}")
     if cfg.clip_grad_norm is not None and not cfg.clip_grad_norm > 0:  # also refuses nan
         raise InputError(

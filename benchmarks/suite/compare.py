@@ -385,7 +385,8 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
         config.check_values(option)
     knobs = {backend: config.to_argv(option) for backend, option in options.items()}
     strategies = variants.parse_strategies(cfg.val_strategy)  # a list here; each job runs one of them
-    jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies, hosts=where)
+    steps = variants.parse_steps(cfg)  # likewise --amp and --compile: each combination its own jobs
+    jobs = jobs_for(cfg, chosen, sizes, args.global_batch, knobs, cfg.threads, strategies, hosts=where, steps=steps)
     capped = check_jobs(jobs, options)
     where.check()
     root = make_compare_dir(Path(cfg.out), cfg.run_id)
@@ -412,6 +413,10 @@ def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> list[s
         capped += steps_capped(job, ready)
     for backend, option in (options or {}).items():  # the model is the same at every world size
         backends.get(backend).check_model(ready.workload.build_model, option)
+    from backends import step
+
+    for job in {(j.cfg.amp, j.cfg.compile): j for j in jobs}.values():  # e.g. no C++ compiler for --compile
+        step.check(job.cfg, job.cfg.device, ready.workload.build_model)
     cfg = jobs[0].cfg
     if ready.name.kind == "custom":  # a built-in is seeded; a user's may make data at import
         fingerprint.check_fresh_process(ready.workload, cfg.workload, cfg.seed, (cfg.train_size, cfg.val_size))

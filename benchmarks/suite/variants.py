@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Mapping
@@ -113,6 +114,32 @@ def parse_strategies(text: str) -> list[str]:
     if len(set(names)) != len(names):
         raise InputError(f"--val-strategy {text} lists a strategy twice; list each once")
     return names
+
+
+STEP_WORDS = {"amp": {"off": "fp32"}, "compile": {"off": "eager", "on": "compiled"}}
+"""How a step option's value names a run when compare studies several (`ddp-bf16-compiled-r0`)."""
+
+
+def parse_steps(cfg: RunConfig) -> list[dict[str, str]]:
+    """`--amp off,bf16 --compile off,on`: every combination of the step options given as lists (amp outer), each
+    its own runs and its own decision."""
+    lists = {}
+    for name in config.STEP_LISTS:
+        text, known = str(getattr(cfg, name)), getattr(config, f"{name.upper()}_MODES")
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        for value in values:
+            if value not in known:
+                raise InputError(f"{config.flag(name)} '{value}' is not one of {', '.join(known)}")
+        if not values or len(set(values)) != len(values):
+            raise InputError(f"{config.flag(name)} {text!r}: list each of {', '.join(known)} once, e.g. off,on")
+        lists[name] = values
+    return [dict(zip(lists, combo, strict=True)) for combo in itertools.product(*lists.values())]
+
+
+def step_suffix(step: dict[str, str], steps: list[dict[str, str]]) -> str:
+    """The part of a run's name that says its step, for the options that vary over `steps` ('' when none does)."""
+    varied = [k for k in step if len({s[k] for s in steps}) > 1]
+    return "".join(f"-{STEP_WORDS[k].get(step[k], step[k])}" for k in varied)
 
 
 def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
@@ -225,6 +252,7 @@ def jobs_for(
     strategies: list[str] | None = None,
     env: Mapping[str, str] | None = None,
     hosts: Hosts | None = None,
+    steps: list[dict[str, str]] | None = None,
 ) -> list[Job]:
     """One job per world size, variant and validation strategy (`strategies`, cfg's own by default), in the
     order they interleave. Weak scaling (no `global_batch`) keeps cfg's per-rank batch; strong gives each
@@ -232,7 +260,8 @@ def jobs_for(
     batch, so it trains on the samples the others do. With several strategies a run's name carries its own
     (`ddp-sampler-r0`). Threads: `threads`, else cfg's --threads, else the user's environment (`env`, this
     process's by default; `environment_rule`), else the cores of a host ÷ its ranks. `hosts`: where the ranks
-    run (this machine by default)."""
+    run (this machine by default). `steps`: the step options' combinations (parse_steps), each its own jobs, named
+    by what varies (`ddp-bf16-compiled`), interleaved with the rest."""
     hosts = hosts or Hosts()
     hosts.check_sizes(sizes)
     batches = per_rank_batches(global_batch, sizes, cfg.accumulate) if global_batch else {}
@@ -244,9 +273,9 @@ def jobs_for(
         for v in chosen:
             mine = one_process(at_n, n) if v.backend in backends.ONE_PROCESS else at_n
             prefix = v.slug if len(sizes) == 1 else f"{v.slug}-w{n}"
-            for strategy in strategies:
-                named = prefix if len(strategies) == 1 else f"{prefix}-{strategy}"
-                job_cfg = dataclasses.replace(mine, val_strategy=strategy)
+            for step, strategy in itertools.product(steps or [{}], strategies):
+                named = prefix + step_suffix(step, steps or [{}]) + ("" if len(strategies) == 1 else f"-{strategy}")
+                job_cfg = dataclasses.replace(mine, val_strategy=strategy, **step)
                 own = knobs.get(v.backend, [])
                 jobs.append(Job(v, n, job_cfg, own, threads or hosts.threads(n), named, notes, hosts))
     return jobs

@@ -179,8 +179,9 @@ def test_every_option_is_recorded_and_another_backends_option_warns(tmp_path, ca
     assert meta["config"]["lr"] == 0.05  # the value in effect, not None
     assert meta["model_parameters"] == 11  # nn.Linear(10, 1)
     warnings = [line for line in captured.err.splitlines() if "warning" in line]
-    # --bucket-cap-mb at its default changes nothing either way, so it is not worth a warning.
-    assert [w.split()[2] for w in warnings] == ["--no-broadcast-buffers", "--fusion-threshold-mb"], warnings
+    # --bucket-cap-mb 25 is DDP's size, but given it caps the first bucket too: a change, so it warns as well.
+    flags = [w.split()[2] for w in warnings]
+    assert flags == ["--bucket-cap-mb", "--no-broadcast-buffers", "--fusion-threshold-mb"], warnings
     assert all("cannot affect backend 'single'" in w for w in warnings)
 
 

@@ -31,24 +31,38 @@ def test_reference_columns_are_the_current_contract(compare_dir) -> None:
     runs = load.find_run_dirs(compare_dir)
     assert runs
     for run_dir in runs:
-        assert json.loads((run_dir / results.RUN_JSON).read_text())["schema_version"] == results.SCHEMA_VERSION
+        version = json.loads((run_dir / results.RUN_JSON).read_text())["schema_version"]
+        assert version >= OLDEST_REFERENCE_SCHEMA, f"{run_dir}: schema {version}; regenerate the reference"
         for name, columns in (
             (results.TIMING_CSV, results.TIMING_COLUMNS),
-            (results.LOSS_CSV, results.LOSS_COLUMNS),
-            (results.SUMMARY_CSV, results.SUMMARY_COLUMNS),
+            (results.LOSS_CSV, results.LOSS_COLUMNS_OF[version]),
+            (results.SUMMARY_CSV, results.SUMMARY_COLUMNS_OF[version]),
         ):
             assert tuple(pd.read_csv(run_dir / name, nrows=0).columns) == columns, run_dir / name
         assert check.check_run(run_dir) == []
 
 
-NEWER_THAN_THE_REFERENCES = {"compute_baseline"}
+OLDEST_REFERENCE_SCHEMA = 4
+"""Schema 5 (2026-12-07) added run.json `step` and summary.csv's FLOPs columns (FLOPS_COLUMNS) at the end; the
+references made before it are schema 4 and are read with that schema's columns until they are made again."""
+
+NEWER_THAN_THE_REFERENCES = {"compute_baseline", "step"}
 """Keys added after the references of 2026-12-01 to 2026-12-03 were made, which they lack until they are made
 again: `compute_baseline` (its phases and the gradient-ready schedule, 2026-12-04; results/reference's
-2026-12-04-projection has it). Only these; any other key a run writes today must be in every reference."""
+2026-12-04-projection has it) and `step` (the step options as applied, their compile time, FLOPs and peak,
+2026-12-07). Only these; any other key a run writes today must be in every reference."""
 
-NEWER_CONFIG_THAN_THE_REFERENCES = {"compute_baseline_spread"}
+NEWER_CONFIG_THAN_THE_REFERENCES = {
+    "compute_baseline_spread",
+    "amp",
+    "compile",
+    "clip_grad_norm",
+    "activation_checkpointing",
+    "peak_tflops",
+}
 """Run options added after every reference was made, which their run.json `config` lacks until they are made
-again: `compute_baseline_spread` (2026-12-06; absent means off, which is how every reference ran)."""
+again: `compute_baseline_spread` (2026-12-06) and the step options (2026-12-07); absent means off, which is how
+every reference ran (fp32, eager, unclipped)."""
 
 
 @pytest.mark.timeout(60)
