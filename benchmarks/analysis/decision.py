@@ -341,7 +341,29 @@ def decide(
         decision["setups"].append(
             _decide_setup(setup, group, breakdown, margin, plan, knobs or {}, command, efficiency, memory_limit_mb)
         )
+    decision["by_step"] = by_step(decision["setups"])
     return decision
+
+
+def by_step(setups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A study over step configurations (compare --amp off,bf16 --compile off,on): per workload, global batch and
+    world size decided under more than one step, who leads under each and whether the pick changes with the step.
+    A pick changes only between two steps that each resolved theirs; a leader that is not a pick cannot."""
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for setup in setups:
+        if not setup.get("decides") or setup.get("recommended") is None:
+            continue
+        key = (setup["workload"], setup["global_batch"], setup["world_size"])
+        entry = found.setdefault(key, {"workload": key[0], "global_batch": key[1], "world_size": key[2], "steps": []})
+        resolved = setup["status"] == "resolved"
+        entry["steps"].append({"step": setup.get("step"), "leader": setup["recommended"]["variant"], "pick": resolved})
+    studies = [e for e in found.values() if len(e["steps"]) > 1]
+    for entry in studies:
+        picks = {s["leader"] for s in entry["steps"] if s["pick"]}
+        leaders = {s["leader"] for s in entry["steps"]}
+        entry["pick_changes"] = len(picks) > 1
+        entry["same_leader"] = len(leaders) == 1
+    return studies
 
 
 def write(out: Path, decision: dict[str, Any]) -> Path:

@@ -11,6 +11,7 @@ import numpy as np
 
 from benchmarks.analysis import intervals, stats
 from benchmarks.analysis.decision import DEFAULT_MARGIN, MEMORY
+from benchmarks.analysis.load import PLAIN_STEP
 
 
 def _ratio_words(alt: dict[str, Any], margin: float) -> str:
@@ -90,8 +91,11 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
     """Per setup: its status, the decision in one sentence, and a line per other variant worth a word."""
     found = []
     margin = decision.get("margin") or decision.get("precision") or DEFAULT_MARGIN  # schema 1 had no margin
+    steps = {s.get("step") for s in decision["setups"]}
     for setup in decision["setups"]:
         where = f"{setup['workload']}, global batch {setup['global_batch']}, {setup['world_size']} ranks"
+        if setup.get("step") and (len(steps) > 1 or setup["step"] != PLAIN_STEP):
+            where += f", {setup['step']}"
         if not setup["decides"] or setup.get("recommended") is None:
             found.append(
                 {
@@ -150,12 +154,32 @@ def precision_words(decision: dict[str, Any]) -> str:
     return text
 
 
+def step_words(decision: dict[str, Any]) -> list[str]:
+    """A study over step configurations: whether the pick changes with the step, one line per setup studied."""
+    lines = []
+    for study in decision.get("by_step") or []:
+        each = "; ".join(
+            f"{s['step']} → {s['leader']}{'' if s['pick'] else ' (ahead, not resolved)'}" for s in study["steps"]
+        )
+        if study["pick_changes"]:
+            verdict = "the pick changes with the step"
+        elif study["same_leader"]:
+            resolved = all(s["pick"] for s in study["steps"])
+            verdict = "the pick is the same under every step" if resolved else "the same variant leads under every step"
+        else:
+            verdict = "the leader changes with the step, but not between two resolved picks"
+        where = f"{study['workload']}, global batch {study['global_batch']}, {study['world_size']} ranks"
+        lines.append(f"Across steps ({where}): {verdict}: {each}")
+    return lines
+
+
 def words(decision: dict[str, Any]) -> list[str]:
     """The decision in plain words: a line per setup, then an indented line per other variant's next step."""
     lines = []
     for p in paragraphs(decision):
         lines.append(f"Decision ({p['status']}): {p['head']}")
         lines += [f"  {line}" for line in p["details"]]
+    lines += step_words(decision)
     if precision_words(decision):
         lines.append(precision_words(decision))
     return lines

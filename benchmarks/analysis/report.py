@@ -204,7 +204,14 @@ def _write_files(page: Page, out: Path, formats: set[str]) -> None:
     decisions = decision_words.paragraphs(page.decision) if page.decision else []
     for d in decisions:
         d["status_class"] = d["status"] if d["status"] in ("unresolved", "none") else "resolved"
-    common = {"headline": page.headline, "decisions": decisions, "why": page.why, "summary": page.summary}
+    steps = decision_words.step_words(page.decision) if page.decision else []
+    common = {
+        "headline": page.headline,
+        "decisions": decisions,
+        "steps": steps,
+        "why": page.why,
+        "summary": page.summary,
+    }
     if "md" in formats:
         md_tables = [{"title": t, "markdown": terminal.markdown_table(f)} for t, f in page.tables.items()]
         images = [{"name": p.stem, "file": p.name} for p in page.images]
