@@ -158,8 +158,8 @@ def check(cfg: RunConfig, device_type: str, build_model: Callable[[], nn.Module]
             )
     if cfg.compile == "on" and device_type == "cpu" and not cxx_compiler():
         raise InputError(
-            "--compile on CPU needs a C++ compiler for inductor and none was found (CXX, g++, c++, clang++); "
-            "install one (apt-get install g++) or leave --compile out"
+            f"--compile on CPU needs a C++ compiler for inductor: {os.environ.get('CXX') or 'g++'} was not found; "
+            "install one (apt-get install g++), point CXX at one, or leave --compile out"
         )
     if cfg.activation_checkpointing:
         try:  # the structure alone is needed: built on the meta device, it costs no memory
@@ -176,7 +176,8 @@ def check(cfg: RunConfig, device_type: str, build_model: Callable[[], nn.Module]
 
 
 def cxx_compiler() -> str | None:
-    return next(filter(None, map(shutil.which, [os.environ.get("CXX") or "g++", "c++", "clang++"])), None)
+    """The compiler inductor will call on CPU: $CXX where set, else g++ (torch._inductor.config.cpp.cxx)."""
+    return shutil.which(os.environ.get("CXX") or "g++")
 
 
 def compile_events() -> int:

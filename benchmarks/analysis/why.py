@@ -178,6 +178,8 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
         base = group.iloc[0]
         for row in group.iloc[1:].itertuples():
             setup = f"{row.workload}, {row.world_size} ranks, global batch {row.global_batch}"
+            if getattr(row, "step", PLAIN_STEP) != PLAIN_STEP:
+                setup += f", {row.step}"
             if np.isnan(row.raw_exposed_comm_ms) or np.isnan(base.raw_exposed_comm_ms):
                 said.append(
                     f"{setup}: no compute baseline in some runs (--compute-baseline-steps 0 or an older "
