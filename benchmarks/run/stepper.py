@@ -98,9 +98,12 @@ def model_flops(build_model: Callable[[], nn.Module], loss: Callable[..., torch.
         try:
             with torch.device("meta"):
                 model = build_model()
-            x, y = x.to("meta"), y.to("meta")
-        except Exception:  # a factory or an op with no meta kernel: the real device, once
-            model = build_model().to(x.device)
+        except Exception:  # a factory that insists on a real device
+            model = build_model()
+    if any(p.device.type == "meta" for p in model.parameters()):
+        x, y = x.to("meta"), y.to("meta")
+    else:  # built on a real device after all: counted there, once
+        model = model.to(x.device)
     with step.counting_flops() as total:
         loss(model(x), y).mean().backward()
     return int(total())
