@@ -146,7 +146,7 @@ class FSDPBackend(DDPBackend):
         # it, and the root's own layers (embedding, head) stay eager too.
         for name in self.units:
             unit = model.get_submodule(name)
-            unit.forward = torch.compile(unit.forward)
+            unit.forward = step.compile_fn(unit.forward)
         return model
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:

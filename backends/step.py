@@ -28,6 +28,8 @@ from benchmarks.errors import InputError
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
+RECOMPILE_LIMIT = 64
+"""Graphs dynamo may compile of one code object before failing (compile_fn)."""
 CHECKPOINTED = "_distbench_checkpointed"
 """Set on a block whose forward recomputes in backward, so that applying the option twice (a copy) is a no-op."""
 
@@ -84,9 +86,22 @@ def apply(model: nn.Module, cfg: RunConfig) -> nn.Module:
     return model
 
 
+def compile_fn(fn: Any) -> Any:
+    """torch.compile as every backend applies it: static shapes (one graph per shape; the automatic dynamic
+    shapes a second shape would bring compile other kernels, and some fail), and an error, never a silent eager
+    fallback, where dynamo would give up after its recompile limit. The limit counts graphs per code object: FSDP2's
+    units (and the compute baseline's copies) share a class's forward, or checkpoint's under
+    --activation-checkpointing, one graph per unit and shape, so it is raised to hold a model's units."""
+    import torch._dynamo
+
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=False)
+
+
 def compiled(model: nn.Module) -> nn.Module:
     """A plain model compiled whole (inductor): DDP's module, Horovod's model, single's, a baseline's copy."""
-    return torch.compile(model)  # type: ignore[return-value]
+    return compile_fn(model)  # type: ignore[no-any-return]
 
 
 def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
