@@ -3,11 +3,12 @@
 Run from the repository root with gpu-bundle/ present (`make gpu-bundle` on a machine with a registry).
 It installs the bundled wheel into this Python (no dependencies, no index), then runs each check with its
 own timeout inside one budget: doctor; `single`, 1-rank DDP and 1-rank FSDP2 (NCCL, torchrun) runs of
-cnn and gpt2-small on CUDA, FSDP2's speed and CUDA peak beside DDP's; the harness against a hand-written
+cnn and gpt2-small on CUDA, FSDP2's speed and CUDA peak beside DDP's; the step users run (bf16 autocast,
+compiled, clipped) under single, DDP and FSDP2 with its MFU; the harness against a hand-written
 loop of the same model and batches (docker/gpu_raw_loop.py); `distbench allreduce --impl torch --device
 cuda`; the CUDA peak memory; `distbench check` over everything; last, time-boxed and not fatal, Horovod
-built with NCCL from the bundled sdist and a 1-rank Horovod run. Results, logs and summary.md go under
-one folder.
+built with NCCL from the bundled sdist and a 1-rank Horovod run, plain and with the users' step. Results,
+logs and summary.md go under one folder.
 
 Exit 0 when every required check passed, 1 when one failed, 2 without a CUDA device or a usable bundle.
 """
@@ -46,6 +47,8 @@ DEVICE = "cuda"
 RUN_ARGS = ["--epochs", "1", "--warmup-steps", "5", "--quiet"]
 # (workload, timed steps of a ratio run, train size for them, steps of a DDP run)
 CNN, GPT2 = ("cnn", 400, 32 * 405, 20), ("gpt2-small", 50, 512, 20)
+STEP = ("--amp", "bf16", "--compile", "--clip-grad-norm", "1.0")
+"""The step users run (docs/commands.md): its rows are not fatal, since a first compile may outlast its slot."""
 
 
 def fail_fast(message: str) -> int:
@@ -203,8 +206,10 @@ def distbench_run(
     train_size: int | None = None,
     launcher: tuple[str, ...] = (),
     required: bool = True,
+    extra: tuple[str, ...] = (),
 ) -> dict:
-    """One `distbench run` on CUDA, bare or under a launcher (`python -m <launcher> ...`); summary.csv's row."""
+    """One `distbench run` on CUDA, bare or under a launcher (`python -m <launcher> ...`), with `extra` options;
+    summary.csv's row."""
     argv = [
         sys.executable,
         *launcher,
@@ -224,6 +229,7 @@ def distbench_run(
         str(c.out / "runs"),
         "--run-id",
         name,
+        *extra,
     ]
     if train_size:
         argv += ["--train-size", str(train_size)]
@@ -236,6 +242,8 @@ def distbench_run(
     ok = 0.8 <= share <= 1.02
     detail = f"{float(row['samples_per_s']):.1f} samples/s, step p50 {float(row['step_p50_s']) * 1e3:.2f} ms, "
     detail += f"phases/step {share:.3f}" + ("" if ok else " (the CUDA-event phases do not tile the step)")
+    if extra and row.get("mfu"):
+        detail += f", MFU {float(row['mfu']):.1%} of {float(row['peak_tflops']):.0f} TFLOP/s"
     c.add(
         name,
         "pass" if ok else ("fail" if required else "warn"),
@@ -395,6 +403,17 @@ def horovod(c: Check, facts: dict) -> None:
     c.add("horovod-build", "pass" if rc == 0 and "NCCL yes" in built else "warn", built, False)
     launcher = ("-m", "horovod.runner.launch", "-np", "1", "-H", "localhost:1", "--gloo", sys.executable)
     distbench_run(c, "horovod-cnn", "horovod", CNN, CNN[3], 90, launcher=launcher, required=False)
+    distbench_run(c, "horovod-cnn-step", "horovod", CNN, CNN[3], 150, launcher=launcher, required=False, extra=STEP)
+
+
+def users_step(c: Check) -> None:
+    """Not fatal: the step users run on a GPU (bf16 autocast, compiled, clipped) under single, DDP and FSDP2,
+    with its MFU against the datasheet-free measured bf16 matmul peak; the compile time is in run.json."""
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
+    for backend, launcher in (("single", ()), ("ddp", torchrun), ("fsdp", torchrun)):
+        distbench_run(
+            c, f"{backend}-cnn-step", backend, CNN, CNN[3], 150, launcher=launcher, required=False, extra=STEP
+        )
 
 
 def steps(c: Check, facts: dict) -> None:
@@ -417,6 +436,7 @@ def steps(c: Check, facts: dict) -> None:
         }
         sharded_beside_ddp(c, workload[0], pair)
     allreduce(c, facts["gpus"])
+    users_step(c)
     dirs = [d for d in ("runs", "allreduce") if (c.out / d).is_dir()]
     rc, text = c.run("check", [sys.executable, "-m", "benchmarks.cli", "check", *dirs], 90)
     c.add("check", "pass" if rc == 0 else "fail", last_line(text) or "every run directory passes the contract")

@@ -67,13 +67,16 @@ def test_every_gpu_check_step_runs_and_is_read_on_cpu(tmp_path, monkeypatch, hor
         "fsdp-transformer",
         "fsdp-vs-ddp-cnn",
         "allreduce",
+        "single-cnn-step",
+        "ddp-cnn-step",
+        "fsdp-cnn-step",
         "check",
     ):
         assert status[name] == "pass", (name, status)
     ratio = next(r for r in summary["results"] if r["name"] == "ratio-cnn")
     assert ratio["status"] in ("pass", "warn") and ratio["numbers"]["ratio"] > 0
     # On CPU this Horovod has no NCCL (a warning), but its 1-rank run under horovodrun --gloo completes.
-    assert status["horovod-build"] == "warn" and status["horovod-cnn"] == "pass"
+    assert status["horovod-build"] == "warn" and status["horovod-cnn"] == status["horovod-cnn-step"] == "pass"
     text = (out / "summary.md").read_text()
     assert text.startswith("# distbench gpu-check: FAILED") and "| ratio-cnn |" in text
     assert "NCCL refuses two ranks on one device" in text
