@@ -101,6 +101,18 @@ def test_compiled_bf16_step_agrees_and_its_compile_time_stays_out_of_the_timed_w
         assert meta["timed_wall_s"] < step["compile_s"], (variant, meta["timed_wall_s"], step)  # not inside it
 
 
+@pytest.mark.full_matrix
+@pytest.mark.timeout(900)
+def test_compiled_bf16_step_under_horovods_mpi_controller_and_single(tmp_path, horovod_available) -> None:
+    options = ["--amp", "bf16", "--compile", "--clip-grad-norm", "0.3", "--activation-checkpointing"]
+    runs = {v: run(tmp_path, v, v.replace("@", "-"), *options) for v in ("ddp", "horovod@mpi", "single")}
+    assert worst(runs["ddp"], runs["horovod@mpi"]) == 0.0
+    assert worst(runs["ddp"], runs["single"]) < agreement.AMP_TOLERANCE
+    for variant, run_dir in runs.items():
+        step = json.loads((run_dir / "run.json").read_text())["step"]
+        assert step["compile_steps"] >= 1 and step["recompiles_timed"] == 0, (variant, step)
+
+
 @pytest.mark.timeout(300)
 def test_fp16_skipped_steps_are_counted_alike_under_ddp_and_horovod(tmp_path, horovod_available) -> None:
     """Targets a thousand times larger overflow fp16's gradients at the scaler's first scales: every rank skips
