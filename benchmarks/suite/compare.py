@@ -102,6 +102,8 @@ def run_jobs(
             name = job.variant.given or job.variant.name
             if len({j.strategy for j in jobs}) > 1:
                 name += f" (val {job.strategy})"
+            if len({(j.cfg.amp, j.cfg.compile) for j in jobs}) > 1:
+                name += f" ({variants.step_words(job.cfg)})"
             at = f" ×{job.nproc}" if len({j.nproc for j in jobs}) > 1 else ""
             assert job.cfg.batch_size is not None
             attempt = Attempt(

@@ -142,6 +142,11 @@ def step_suffix(step: dict[str, str], steps: list[dict[str, str]]) -> str:
     return "".join(f"-{STEP_WORDS[k].get(step[k], step[k])}" for k in varied)
 
 
+def step_words(cfg: RunConfig) -> str:
+    """A job's --amp and --compile in words: `bf16 compiled`, `fp32 eager`."""
+    return " ".join(STEP_WORDS[k].get(getattr(cfg, k), getattr(cfg, k)) for k in config.STEP_LISTS)
+
+
 def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
     """The options of a one-process backend in a compare of `nproc` ranks: the same global batch."""
     assert cfg.batch_size is not None
