@@ -29,7 +29,22 @@ AMP_MODES = ("off", "bf16", "fp16")
 COMPILE_MODES = ("off", "on")
 """`--compile`'s values."""
 STEP_LISTS = ("amp", "compile")
-"""Step options that compare and tune take as a list, each combination its own runs and decision."""
+"""Step options that compare takes as a list, each combination its own runs and decision."""
+PLAIN_STEP = "fp32 eager"
+"""The step every run trained before the step options (and a run given none of them)."""
+
+
+def step_of(options: dict[str, Any]) -> str:
+    """The step a run trained, in words, from its options (run.json `config`): 'fp32 eager', 'bf16 compiled', with
+    ', clip 1' and ', checkpointed' where given."""
+    amp = options.get("amp") or "off"
+    words = f"{'fp32' if amp == 'off' else amp} {'compiled' if options.get('compile') == 'on' else 'eager'}"
+    if options.get("clip_grad_norm"):
+        words += f", clip {options['clip_grad_norm']:g}"
+    if options.get("activation_checkpointing"):
+        words += ", checkpointed"
+    return words
+
 
 WORKLOAD_DEFAULT = "the workload's"
 """`shown` of an option whose None is filled in per workload (benchmarks.catalog.defaults_for)."""

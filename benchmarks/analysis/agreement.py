@@ -21,7 +21,8 @@ from typing import Any
 import pandas as pd
 
 from benchmarks.analysis import rundir
-from benchmarks.analysis.load import PLAIN_STEP, RunSet
+from benchmarks.analysis.load import RunSet
+from benchmarks.config import PLAIN_STEP
 
 TOLERANCE = 1e-5  # below this, a difference is floating-point reduction order, not a different model
 COMPILED_TOLERANCE = 1e-4
@@ -38,7 +39,7 @@ GROUP = ("workload", "global_batch", "val_strategy", "step")  # loss curves line
 
 
 def tolerance_of(step: object) -> float:
-    """The largest difference that is rounding, not a different model, for runs of `step` (load.step_of's words)."""
+    """The largest difference that is rounding, not a different model, for runs of `step` (config.step_of's words)."""
     words = str(step)
     if not words.startswith("fp32") and words != "nan":
         return AMP_TOLERANCE

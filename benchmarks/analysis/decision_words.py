@@ -11,7 +11,7 @@ import numpy as np
 
 from benchmarks.analysis import intervals, stats
 from benchmarks.analysis.decision import DEFAULT_MARGIN, MEMORY
-from benchmarks.analysis.load import PLAIN_STEP
+from benchmarks.config import PLAIN_STEP
 
 
 def _ratio_words(alt: dict[str, Any], margin: float) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import check, rundir
+from benchmarks.config import step_of
 from benchmarks.launch import placement
 from benchmarks.launch.variants import label
 from benchmarks.run import recorder as results
@@ -120,7 +121,7 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     per_rank = (meta.get("validation") or {}).get("per_rank") or []
     row["val_most_on_a_rank"] = max((r.get("samples", 0) for r in per_rank), default=np.nan)  # bounds its time
     row["variant"] = with_strategy(run_variant(meta), row["val_strategy"])
-    row["step"] = step_of(config)
+    row["step"] = step_of(config)  # part of a setup: runs of different steps are never pooled or compared
     row.update(state_row(meta))
     return row
 
@@ -150,22 +151,6 @@ def memory_row(summary: pd.DataFrame | None) -> dict[str, Any]:
     and 4, no summary), but the strategy and eval_only, which older runs had only one of."""
     known = summary is not None and len(summary) == 1
     return {c: summary[c].iloc[0] if known and c in summary else np.nan for c in (*MEMORY_COLUMNS, *VALIDATION_COLUMNS)}
-
-
-PLAIN_STEP = "fp32 eager"
-"""The step every run trained before the step options (and a run given none of them)."""
-
-
-def step_of(config: dict[str, Any]) -> str:
-    """The step a run trained, from its run.json `config`: 'fp32 eager', 'bf16 compiled', with ', clip 1' and
-    ', checkpointed' where given. Part of a setup: runs of different steps are never pooled or compared."""
-    amp = config.get("amp") or "off"
-    words = f"{'fp32' if amp == 'off' else amp} {'compiled' if config.get('compile') == 'on' else 'eager'}"
-    if config.get("clip_grad_norm"):
-        words += f", clip {config['clip_grad_norm']:g}"
-    if config.get("activation_checkpointing"):
-        words += ", checkpointed"
-    return words
 
 
 def strategy_of(meta: dict[str, Any]) -> str:

@@ -13,14 +13,8 @@ import pandas as pd
 from backends import ONE_PROCESS
 from benchmarks.analysis import intervals, stats
 from benchmarks.analysis.agreement import Agreement, loss_agreement
-from benchmarks.analysis.load import (
-    INTERRUPTED,
-    MEMORY_COLUMNS,
-    PLAIN_STEP,
-    VALIDATION_COLUMNS,
-    RunSet,
-    with_strategy,
-)
+from benchmarks.analysis.load import INTERRUPTED, MEMORY_COLUMNS, VALIDATION_COLUMNS, RunSet, with_strategy
+from benchmarks.config import PLAIN_STEP
 
 # loss_agreement lives in `agreement`; callers (compare, the notebook) find it here with the other tables.
 __all__ = [
@@ -34,7 +28,7 @@ __all__ = [
 ]
 
 SETUP = ("workload", "global_batch", "world_size", "step")
-"""What one comparison holds fixed; `step` is load.step_of's words ('fp32 eager', 'bf16 compiled, clip 1')."""
+"""What one comparison holds fixed; `step` is config.step_of's words ('fp32 eager', 'bf16 compiled, clip 1')."""
 MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
 LAUNCH = ("launcher", "controller")

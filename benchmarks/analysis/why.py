@@ -21,8 +21,9 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.analysis import collectives, rundir, stats, timeline
-from benchmarks.analysis.load import PLAIN_STEP, RunSet
+from benchmarks.analysis.load import RunSet
 from benchmarks.analysis.tables import SETUP, with_setup
+from benchmarks.config import PLAIN_STEP
 from benchmarks.run import collectives as rank_side
 from benchmarks.run import recorder as results
 

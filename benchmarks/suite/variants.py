@@ -142,11 +142,6 @@ def step_suffix(step: dict[str, str], steps: list[dict[str, str]]) -> str:
     return "".join(f"-{STEP_WORDS[k].get(step[k], step[k])}" for k in varied)
 
 
-def step_words(cfg: RunConfig) -> str:
-    """A job's --amp and --compile in words: `bf16 compiled`, `fp32 eager`."""
-    return " ".join(STEP_WORDS[k].get(getattr(cfg, k), getattr(cfg, k)) for k in config.STEP_LISTS)
-
-
 def one_process(cfg: RunConfig, nproc: int) -> RunConfig:
     """The options of a one-process backend in a compare of `nproc` ranks: the same global batch."""
     assert cfg.batch_size is not None
@@ -177,6 +172,11 @@ class Job:
     def strategy(self) -> str:
         """Its --val-strategy: part of what a row compares (a strategy's runs are never pooled with another's)."""
         return self.cfg.val_strategy
+
+    @property
+    def step(self) -> str:
+        """The step its runs train, in words (`bf16 compiled, clip 1`): part of what a row compares."""
+        return config.step_of(dataclasses.asdict(self.cfg))
 
     @property
     def ranks(self) -> int:

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from backends import step
-from benchmarks.analysis import agreement, decision, decision_words, load
+from benchmarks.analysis import agreement, decision, decision_words
+from benchmarks.config import PLAIN_STEP, step_of
 from benchmarks.errors import InputError
 from benchmarks.run import stepper, workloads
 from benchmarks.suite import variants
@@ -42,9 +43,9 @@ def test_a_step_list_with_an_unknown_or_repeated_value_is_refused(amp: str, comp
 
 
 def test_a_runs_step_is_named_from_its_config_and_older_runs_trained_the_plain_one() -> None:
-    assert load.step_of({}) == load.PLAIN_STEP == "fp32 eager"
-    assert load.step_of({"amp": "bf16", "compile": "on", "clip_grad_norm": 1.0}) == "bf16 compiled, clip 1"
-    assert load.step_of({"activation_checkpointing": True}) == "fp32 eager, checkpointed"
+    assert step_of({}) == PLAIN_STEP == "fp32 eager"
+    assert step_of({"amp": "bf16", "compile": "on", "clip_grad_norm": 1.0}) == "bf16 compiled, clip 1"
+    assert step_of({"activation_checkpointing": True}) == "fp32 eager, checkpointed"
     assert agreement.tolerance_of("fp32 eager") == agreement.TOLERANCE
     assert agreement.tolerance_of("fp32 compiled, clip 1") == agreement.COMPILED_TOLERANCE
     assert agreement.tolerance_of("bf16 eager") == agreement.AMP_TOLERANCE
