@@ -20,8 +20,9 @@ ReduceOp = Literal["sum", "mean", "max"]
 Options = TypeVar("Options")
 
 
-class Backend(ABC, Generic[Options]):
-    """One data-parallel framework. The harness never branches on which one it holds."""
+class Backend(step.Recipe, ABC, Generic[Options]):
+    """One data-parallel framework. The harness never branches on which one it holds; its step (backward,
+    unscaling, clipping, the optimizer step, compile, the loss scaler) is a step.Recipe its framework overrides."""
 
     name: ClassVar[str]
     launchers: ClassVar[tuple[str, ...]]
@@ -95,36 +96,6 @@ class Backend(ABC, Generic[Options]):
     """Whether `baseline_copy` is `full_copy`'s plain model, whose parameters take their gradients during backward:
     else the gradient-ready schedule is clocked on a plain copy of its own, and the baseline steps under
     `accumulation` as training does."""
-
-    @contextlib.contextmanager
-    def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
-        """Context for one backward pass; gradients are reduced only after the last micro-batch."""
-        yield
-
-    # --- the step: backward, unscaling, clipping and the optimizer step, each framework's own way -----
-    def compile(self, model: nn.Module) -> nn.Module:
-        """--compile: the module the trainer calls, compiled as the framework documents it; `model` is what
-        `prepare` returned. Default: compiled whole (DDP's module, Horovod's and single's plain model)."""
-        return step.compiled(model)
-
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        """--amp fp16's loss scaler (None otherwise): one whose found-inf every rank agrees on."""
-        return step.grad_scaler(self.run, self.device)
-
-    def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
-        """One micro-batch's backward (inside `accumulation`); the loss scaled first under fp16."""
-        step.backward(loss, scaler)
-
-    def clip(self, model: nn.Module, max_norm: float) -> None:
-        """Clip the gradients, already reduced, to `max_norm` by their total norm over the whole model."""
-        step.clip(model.parameters(), max_norm)
-
-    def optimizer_step(self, model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
-        """After the last micro-batch's backward: unscale, clip (--clip-grad-norm), step, zero the gradients.
-        Default: the gradients are reduced once backward returns (DDP, single), so they are read at once."""
-        max_norm = self.run.clip_grad_norm
-        step.optimizer_step(optimizer, scaler, None if max_norm is None else lambda: self.clip(model, max_norm))
-        optimizer.zero_grad()  # set_to_none, the default; Horovod takes no argument
 
     # --- collectives (never inside a timed step) ----------------------------------------------------
     @abstractmethod

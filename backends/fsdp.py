@@ -24,6 +24,9 @@ from backends.ddp import DDPBackend, join_process_group
 from benchmarks.config import FSDPConfig
 from benchmarks.errors import InputError
 
+EAGER = "_distbench_eager_forward"
+"""A compiled unit's own forward, which validation runs (FSDPBackend.compile, evaluation)."""
+
 
 def _own_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
@@ -143,15 +146,21 @@ class FSDPBackend(DDPBackend):
 
     def compile(self, model: nn.Module) -> nn.Module:
         # FSDP2: compiled per unit, its forward alone; the hooks that gather and reduce-scatter stay eager around
-        # it, and the root's own layers (embedding, head) stay eager too.
-        for name in self.units:
+        # it, and the root's own layers (embedding, head) stay eager too, but for a root that is the only unit.
+        names = self.units or [""]
+        for name in names:
             unit = model.get_submodule(name)
-            unit.forward = step.compile_fn(unit.forward)
+            setattr(unit, EAGER, unit.forward)  # validation runs eager, as every other backend's does
+            unit.forward = step.compile_fn(unit.forward, graphs=8 * len(names))
         return model
 
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        # FSDP2: each rank sees only its gradient shards; the sharded scaler agrees on found-inf over the ranks.
-        return ShardedGradScaler(self.device.type) if self.run.amp == "fp16" else None
+    def grad_scaler(self, model: nn.Module) -> torch.amp.GradScaler | None:
+        # FSDP2: each rank sees only its gradient shards; the sharded scaler agrees on found-inf over the ranks of
+        # the model's mesh (this rank alone for the compute baseline's copy).
+        if self.run.amp != "fp16":
+            return None
+        mesh = next(p for p in model.parameters() if isinstance(p, DTensor)).device_mesh
+        return ShardedGradScaler(self.device.type, process_group=mesh.get_group())
 
     def clip(self, model: nn.Module, max_norm: float) -> None:
         # FSDP2: the gradients are DTensor shards; the total norm of the whole model reduces each rank's part over
@@ -168,12 +177,17 @@ class FSDPBackend(DDPBackend):
         # may make different numbers of passes (rank0: the others none). So every unit is gathered once, here,
         # and kept gathered through the passes (no reshard after forward), then resharded: no pass communicates.
         units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        compiled = {unit: unit.forward for unit in units if hasattr(unit, EAGER)}
         for unit in units:
             unit.set_reshard_after_forward(False, recurse=False)
             unit.unshard()
+        for unit in compiled:  # --compile: validation is eager under every backend (no compile in its timing)
+            unit.forward = getattr(unit, EAGER)
         try:
             yield
         finally:
+            for unit, forward in compiled.items():
+                unit.forward = forward
             for unit in units:
                 keep = unit is model or not self.options.reshard_after_forward  # as `shard` set them
                 unit.set_reshard_after_forward(not keep, recurse=False)

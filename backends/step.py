@@ -86,16 +86,18 @@ def apply(model: nn.Module, cfg: RunConfig) -> nn.Module:
     return model
 
 
-def compile_fn(fn: Any) -> Any:
+def compile_fn(fn: Any, graphs: int = 0) -> Any:
     """torch.compile as every backend applies it: static shapes (one graph per shape; the automatic dynamic
     shapes a second shape would bring compile other kernels, and some fail), and an error, never a silent eager
     fallback, where dynamo would give up after its recompile limit. The limit counts graphs per code object: FSDP2's
     units (and the compute baseline's copies) share a class's forward, or checkpoint's under
-    --activation-checkpointing, one graph per unit and shape, so it is raised to hold a model's units."""
+    --activation-checkpointing, one graph per unit, shape and train/eval, so it is raised to at least `graphs`."""
     import torch._dynamo
 
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT, graphs)
+    torch._dynamo.config.recompile_limit = limit
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
     return torch.compile(fn, dynamic=False)
 
 
@@ -130,33 +132,44 @@ def optimizer_step(
         optimizer.step()
 
 
-def plain_step(model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler | None, max_norm: float | None) -> None:
-    """The optimizer step of a model outside any framework, whose gradients are this rank's own."""
-    optimizer_step(optimizer, scaler, None if max_norm is None else lambda: clip(model.parameters(), max_norm))
-    optimizer.zero_grad()
-
-
-class Plain:
-    """The step recipe outside any framework (the compute baseline's copies): the same calls a backend answers,
-    with no reduction anywhere."""
+class Recipe:
+    """How a step trains a model: backward, unscaling, clipping, the optimizer step, compile, the loss scaler.
+    This is the plain way, with no reduction anywhere (single, the compute baseline's copies); a Backend is a Recipe
+    whose framework overrides the parts it does its own way, and the trainer calls these and never asks which."""
 
     def __init__(self, run: RunConfig, device: torch.device) -> None:
         self.run, self.device = run, device
 
     def compile(self, model: nn.Module) -> nn.Module:
+        """--compile: the module the trainer calls, compiled as the framework documents it; `model` is what
+        `prepare` returned. Default: compiled whole (DDP's module, Horovod's and single's plain model)."""
         return compiled(model)
 
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
+    def grad_scaler(self, model: nn.Module) -> torch.amp.GradScaler | None:
+        """--amp fp16's loss scaler for `model` (None otherwise): one whose found-inf every rank that shares the
+        model's gradients agrees on."""
         return grad_scaler(self.run, self.device)
 
     def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
+        """One micro-batch's backward (inside `accumulation`); the loss scaled first under fp16."""
         backward(loss, scaler)
 
-    def optimizer_step(self, model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
-        plain_step(model, optimizer, scaler, self.run.clip_grad_norm)
+    def clip(self, model: nn.Module, max_norm: float) -> None:
+        """Clip the gradients, already reduced, to `max_norm` by their total norm over the whole model."""
+        clip(model.parameters(), max_norm)
 
-    def accumulation(self, model: nn.Module, last_micro_batch: bool) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    def optimizer_step(self, model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
+        """After the last micro-batch's backward: unscale, clip (--clip-grad-norm), step, zero the gradients.
+        Default: the gradients are reduced once backward returns (DDP), or are this rank's own, so they are read
+        at once."""
+        max_norm = self.run.clip_grad_norm
+        optimizer_step(optimizer, scaler, None if max_norm is None else lambda: self.clip(model, max_norm))
+        optimizer.zero_grad()  # set_to_none, the default; Horovod takes no argument
+
+    @contextlib.contextmanager
+    def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
+        """Context for one backward pass; gradients are reduced only after the last micro-batch."""
+        yield
 
 
 def check(cfg: RunConfig, device_type: str, build_model: Callable[[], nn.Module]) -> None:

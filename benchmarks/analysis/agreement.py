@@ -34,7 +34,7 @@ kernels), each matmul's output rounds differently at 2^-8 (bf16) of its size; av
 loss moves by far less (measured: 1e-5 after 8 fp16 steps, 4e-5 after 12 bf16 compiled ones, transformer), and
 1e-3 on losses of order 1 still tells a different model (a clip that binds, a wrong scale) from
 rounding. Where the order is the same (DDP and Horovod eager) the curves agree exactly, as in fp32."""
-GROUP = ("workload", "global_batch", "val_strategy", "step")  # loss curves line up at one workload, global
+GROUP = ("workload", "global_batch", "val_strategy", "step_config")  # loss curves line up at one workload, global
 # batch and step; validation losses only under one --val-strategy (sampler's padding repeats samples, exact's does not)
 
 
@@ -193,12 +193,12 @@ def loss_agreement(rs: RunSet) -> Agreement:
     order = list(dict.fromkeys(names.values()))  # the runs' order: compare's --backends order where known
     runs = rs.runs.set_index("run_key")
     strategy = runs["val_strategy"] if "val_strategy" in runs else pd.Series(dtype=object)
-    step = runs["step"] if "step" in runs else pd.Series(dtype=object)
+    step = runs["step_config"] if "step_config" in runs else pd.Series(dtype=object)
     key = loss["run_key"].astype(str)
-    loss = loss.assign(variant=key.map(names), val_strategy=key.map(strategy), step=key.map(step))
+    loss = loss.assign(variant=key.map(names), val_strategy=key.map(strategy), step_config=key.map(step))
     result = Agreement()
     # The strategy and step split only where runs differ in them: most compares have one, and their lines stay short.
-    keys = [c for c in GROUP if c in loss and (c not in ("val_strategy", "step") or loss[c].nunique() > 1)]
+    keys = [c for c in GROUP if c in loss and (c not in ("val_strategy", "step_config") or loss[c].nunique() > 1)]
     for values, group in loss.groupby(keys, sort=False, dropna=False) if keys else [((), loss)]:
         firsts = list(group.groupby("variant", sort=False)["run_key"].min())
         if len(firsts) < 2:
@@ -208,7 +208,7 @@ def loss_agreement(rs: RunSet) -> Agreement:
             rows = group[group.split == split]
             worst.append(_worst([rows[rows.run_key == key].set_index("step")["loss"] for key in firsts]))
         train, val = worst
-        tolerance = tolerance_of(group["step"].iloc[0])
+        tolerance = tolerance_of(group["step_config"].iloc[0] if "step_config" in group else PLAIN_STEP)
         differs = [name for name, v in (("train losses", train), ("validation losses", val)) if v > tolerance]
         inputs = _fingerprints(rs, list(dict.fromkeys(group["run_key"].astype(str))))
         explained = _explain(rs, firsts, " and ".join(differs), inputs) if differs else ""
@@ -234,10 +234,10 @@ def setup_words(setup: dict) -> str:
         "global_batch": "global batch {}",
         "world_size": "{} rank(s)",
         "val_strategy": "val {}",
-        "step": "{}",
+        "step_config": "{}",
     }
     # The plain step goes unsaid: it is every run's before the step options, and most compares'.
-    shown = {k: v for k, v in setup.items() if k in words and not (k == "step" and v == PLAIN_STEP)}
+    shown = {k: v for k, v in setup.items() if k in words and not (k == "step_config" and v == PLAIN_STEP)}
     return " · ".join(words[k].format(_plain(v)) for k, v in shown.items())
 
 

@@ -337,6 +337,8 @@ def decide(
         efficiency: dict[str, float] = {}
         if scale is not None and len(scale):
             here = scale[(scale.workload == setup["workload"]) & (scale.world_size == setup["world_size"])]
+            if "step_config" in here:
+                here = here[here.step_config == setup["step_config"]]
             efficiency = {str(r.variant): _number(r.efficiency) for r in here.itertuples()}
         decision["setups"].append(
             _decide_setup(setup, group, breakdown, margin, plan, knobs or {}, command, efficiency, memory_limit_mb)
@@ -356,7 +358,9 @@ def by_step(setups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (setup["workload"], setup["global_batch"], setup["world_size"])
         entry = found.setdefault(key, {"workload": key[0], "global_batch": key[1], "world_size": key[2], "steps": []})
         resolved = setup["status"] == "resolved"
-        entry["steps"].append({"step": setup.get("step"), "leader": setup["recommended"]["variant"], "pick": resolved})
+        entry["steps"].append(
+            {"step_config": setup.get("step_config"), "leader": setup["recommended"]["variant"], "pick": resolved}
+        )
     studies = [e for e in found.values() if len(e["steps"]) > 1]
     for entry in studies:
         picks = {s["leader"] for s in entry["steps"] if s["pick"]}

@@ -91,11 +91,11 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
     """Per setup: its status, the decision in one sentence, and a line per other variant worth a word."""
     found = []
     margin = decision.get("margin") or decision.get("precision") or DEFAULT_MARGIN  # schema 1 had no margin
-    steps = {s.get("step") for s in decision["setups"]}
+    steps = {s.get("step_config") for s in decision["setups"]}
     for setup in decision["setups"]:
         where = f"{setup['workload']}, global batch {setup['global_batch']}, {setup['world_size']} ranks"
-        if setup.get("step") and (len(steps) > 1 or setup["step"] != PLAIN_STEP):
-            where += f", {setup['step']}"
+        if setup.get("step_config") and (len(steps) > 1 or setup["step_config"] != PLAIN_STEP):
+            where += f", {setup['step_config']}"
         if not setup["decides"] or setup.get("recommended") is None:
             found.append(
                 {
@@ -159,7 +159,7 @@ def step_words(decision: dict[str, Any]) -> list[str]:
     lines = []
     for study in decision.get("by_step") or []:
         each = "; ".join(
-            f"{s['step']} → {s['leader']}{'' if s['pick'] else ' (ahead, not resolved)'}" for s in study["steps"]
+            f"{s['step_config']} → {s['leader']}{'' if s['pick'] else ' (ahead, not resolved)'}" for s in study["steps"]
         )
         if study["pick_changes"]:
             verdict = "the pick changes with the step"

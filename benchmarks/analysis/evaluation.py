@@ -99,6 +99,8 @@ def validation_table(per_run: pd.DataFrame) -> pd.DataFrame:
     ok = _timed(per_run)
     if not len(ok):
         return pd.DataFrame(columns=COLUMNS)
+    if "step_config" in ok and ok["step_config"].nunique() > 1:  # a step study: each step's validation apart
+        ok = ok.assign(variant=ok["variant"].astype(str) + " (" + ok["step_config"].astype(str) + ")")
     rows = []
     for (workload, eval_only, size, variant), mine in ok.groupby(KEYS, sort=False):
         base, base_words = _base(ok, workload, eval_only, size, variant)

@@ -36,8 +36,14 @@ def throughput(table: pd.DataFrame, path: Path) -> Path | None:
     err = [(ok.samples_per_s - ok.ci_low).fillna(0), (ok.ci_high - ok.samples_per_s).fillna(0)]
     setup = [c for c in ("workload", "global_batch", "world_size") if c in ok]
     several = bool(setup) and len(ok[setup].drop_duplicates()) > 1  # label bars by world size too
+    steps = "step_config" in ok and ok["step_config"].nunique() > 1  # and by step, in a step study
     rows = ok.to_dict("records")
-    labels = [f"{r['backend']}\n{r.get('world_size')} rank(s)" if several else r["backend"] for r in rows]
+    labels = [
+        r["backend"]
+        + (f"\n{r.get('world_size')} rank(s)" if several else "")
+        + (f"\n{r['step_config']}" if steps else "")
+        for r in rows
+    ]
     ax.bar(range(len(ok)), ok.samples_per_s, yerr=err, capsize=6, color=[f"C{i % 10}" for i in range(len(ok))])
     ax.set_xticks(range(len(ok)), labels)
     no_ci = ok.ci_low.isna().any()

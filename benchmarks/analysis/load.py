@@ -41,7 +41,7 @@ EXTRA_COLUMNS = (
     "oversubscribed",
     "cpus",
 )
-JOINED = ("launcher", "workload", "global_batch", "status")  # run columns copied onto timing and loss rows
+JOINED = ("launcher", "workload", "global_batch", "status", "step_config")  # run columns onto timing and loss rows
 INTERRUPTED = "interrupted"
 """The analysis's status of a run a signal stopped (run.json: `failed` with `"interrupted": true`, or a rank's
 `interrupted by SIGINT` error), as comparison.csv calls it: not a failure of what was measured."""
@@ -121,7 +121,7 @@ def run_row(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     per_rank = (meta.get("validation") or {}).get("per_rank") or []
     row["val_most_on_a_rank"] = max((r.get("samples", 0) for r in per_rank), default=np.nan)  # bounds its time
     row["variant"] = with_strategy(run_variant(meta), row["val_strategy"])
-    row["step"] = step_of(config)  # part of a setup: runs of different steps are never pooled or compared
+    row["step_config"] = step_of(config)  # part of a setup: runs of different steps are never pooled or compared
     row.update(state_row(meta))
     return row
 

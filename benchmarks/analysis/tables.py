@@ -27,8 +27,8 @@ __all__ = [
     "scaling",
 ]
 
-SETUP = ("workload", "global_batch", "world_size", "step")
-"""What one comparison holds fixed; `step` is config.step_of's words ('fp32 eager', 'bf16 compiled, clip 1')."""
+SETUP = ("workload", "global_batch", "world_size", "step_config")
+"""What one comparison holds fixed; `step_config` is config.step_of's words ('fp32 eager', 'bf16 compiled, clip 1')."""
 MIN_TIMED_STEPS = 20
 MIN_WINDOW_S = 2.0
 LAUNCH = ("launcher", "controller")
@@ -201,7 +201,7 @@ def setup_label(rows: pd.DataFrame, backends: dict[str, str] | None = None) -> p
     label = rows["backend"].astype(str)
     if backends:
         label = rows["run_key"].astype(str).map(backends).fillna(label).astype(str)
-    for column, fmt in (("workload", " {}"), ("world_size", " w{}")):
+    for column, fmt in (("workload", " {}"), ("world_size", " w{}"), ("step_config", " ({})")):
         if column in rows and rows[column].nunique() > 1:
             label = label + rows[column].map(lambda v, f=fmt: f.format(v))
     return label
@@ -239,8 +239,8 @@ def run_counts(per_run: pd.DataFrame) -> dict[str, dict[str, int]]:
 
 
 def with_setup(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with every SETUP column: rows from before the step options (no `step`) trained the plain step."""
-    return frame if "step" in frame or not len(frame.columns) else frame.assign(step=PLAIN_STEP)
+    """`frame` with every SETUP column: rows from before the step options (no `step_config`) trained the plain step."""
+    return frame if "step_config" in frame or not len(frame.columns) else frame.assign(step_config=PLAIN_STEP)
 
 
 def setups(per_run: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
@@ -343,6 +343,7 @@ SCALING_COLUMNS = [
     "vs_single_low",
     "vs_single_high",
     "oversubscribed",
+    "step_config",
     "note",
 ]
 
@@ -372,17 +373,22 @@ def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
     # The global batch of one rank at world size 1: what the 1-rank baselines must have trained on.
     ok = ok.assign(base_batch=np.where(ok.scaling == "strong", ok.global_batch, ok.global_batch / ok.world_size))
     one = ok.backend.isin(ONE_PROCESS)
-    keys = ["workload", "variant", "scaling", "base_batch"]
+    ok = with_setup(ok)  # a step study scales each step apart
+    keys = ["workload", "variant", "scaling", "base_batch", "step_config"]
     spans = ok[~one].groupby(keys, sort=False, dropna=False)["world_size"].nunique()
     if not len(spans) or spans.max() < 2:
         return pd.DataFrame(columns=SCALING_COLUMNS)
     singles = ok[one & (ok.world_size == 1)]
     rows = []
-    for (workload, name, scaling_mode, base_batch), mine in ok[~one].groupby(keys, sort=False, dropna=False):
+    for (workload, name, scaling_mode, base_batch, step_config), mine in ok[~one].groupby(
+        keys, sort=False, dropna=False
+    ):
         if mine.world_size.nunique() < 2:
             continue
         base = mine[mine.world_size == 1]["samples_per_s"]
-        single = singles[(singles.workload == workload) & (singles.global_batch == base_batch)]["samples_per_s"]
+        single = singles[
+            (singles.workload == workload) & (singles.global_batch == base_batch) & (singles.step_config == step_config)
+        ]["samples_per_s"]
         for world, runs in mine.groupby("world_size"):
             n, throughput = int(world), runs["samples_per_s"]
             mean, lo, hi = stats.log_ci(throughput)
@@ -421,6 +427,7 @@ def scaling(per_run: pd.DataFrame) -> pd.DataFrame:
                     "vs_single_high": vhi / n,
                     "oversubscribed": over,
                     "note": "; ".join(n_ for n_ in notes if n_),
+                    "step_config": step_config,
                 }
             )
     return pd.DataFrame(rows, columns=SCALING_COLUMNS)

@@ -63,7 +63,7 @@ def per_run(rs: RunSet) -> pd.DataFrame:
         trace = meta.get("trace") or {}
         row = {
             "run_key": run["run_key"],
-            **{k: run[k] for k in SETUP},
+            **{k: run.get(k, PLAIN_STEP) if k == "step_config" else run[k] for k in SETUP},
             "variant": run["variant"],
             "impl": impl_of(meta),
             "dtype": "float16" if meta.get("config", {}).get("fp16_allreduce") else "float32",
@@ -148,7 +148,7 @@ def _of_setup(runs: pd.DataFrame, row: Any) -> pd.DataFrame:
     """The runs of `row`'s setup (workload, global batch, world size)."""
     runs = with_setup(runs)
     for key in SETUP:
-        runs = runs[runs[key] == getattr(row, key, PLAIN_STEP if key == "step" else None)]
+        runs = runs[runs[key] == getattr(row, key, PLAIN_STEP if key == "step_config" else None)]
     return runs
 
 
@@ -179,8 +179,8 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
         base = group.iloc[0]
         for row in group.iloc[1:].itertuples():
             setup = f"{row.workload}, {row.world_size} ranks, global batch {row.global_batch}"
-            if getattr(row, "step", PLAIN_STEP) != PLAIN_STEP:
-                setup += f", {row.step}"
+            if getattr(row, "step_config", PLAIN_STEP) != PLAIN_STEP:
+                setup += f", {row.step_config}"
             if np.isnan(row.raw_exposed_comm_ms) or np.isnan(base.raw_exposed_comm_ms):
                 said.append(
                     f"{setup}: no compute baseline in some runs (--compute-baseline-steps 0 or an older "
@@ -276,7 +276,12 @@ def figure(table: pd.DataFrame, path: Path) -> Path | None:
     plt = figures.plt
 
     several = len(shown[list(SETUP)].drop_duplicates()) > 1
-    labels = [f"{r.variant}\n{r.workload} w{r.world_size}" if several else r.variant for r in shown.itertuples()]
+    labels = [
+        f"{r.variant}\n{r.workload} w{r.world_size}" + (f"\n{r.step_config}" if r.step_config != PLAIN_STEP else "")
+        if several
+        else r.variant
+        for r in with_setup(shown).itertuples()
+    ]
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(shown)), 3.8))
     bottom = np.zeros(len(shown))
     for part, colour in zip(PARTS, ("C0", "C3", "C7"), strict=True):

@@ -2,7 +2,7 @@
 (run.json `step`): the compile warm-up, fp16's skipped steps, the model FLOPs and the peak that MFU is against.
 
 The recipe itself is the backend's (`Backend.backward`, `optimizer_step`, `compile`) or, for a copy outside any
-framework, `backends.step.Plain`; the trainer calls whichever `Trained.via` holds and never asks which.
+framework, a plain `backends.step.Recipe`; the trainer calls whichever `Trained.via` holds and never asks which.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 
 from backends import step
 from benchmarks.config import RunConfig
+from benchmarks.run.workloads import Workload
 
 
 @dataclass
@@ -26,8 +27,8 @@ class Trained:
 
     model: nn.Module
     optimizer: Any
-    via: Any
-    """The backend, or step.Plain for a copy outside it."""
+    via: step.Recipe
+    """The backend, or a plain step.Recipe for a copy outside it."""
     call: nn.Module
     scaler: torch.amp.GradScaler | None
     skipped: int = 0
@@ -44,9 +45,15 @@ class Trained:
         self._scale = scale
 
 
-def trained(model: nn.Module, optimizer: Any, via: Any, cfg: RunConfig) -> Trained:
+def trained(model: nn.Module, optimizer: Any, via: step.Recipe, cfg: RunConfig, like: Trained | None = None) -> Trained:
+    """`model` and its optimizer as `via` steps them; `like`: a copy's scaler starts where training's is (the
+    compute baseline then skips no step training would not)."""
     call = via.compile(model) if cfg.compile == "on" else model
-    return Trained(model, optimizer, via, call, via.grad_scaler())
+    scaler = via.grad_scaler(model)
+    if scaler is not None and like is not None and like.scaler is not None:
+        scaler.load_state_dict(like.scaler.state_dict())
+    # The scale before any step (its initial value, read without a device sync), so a first step skipped counts.
+    return Trained(model, optimizer, via, call, scaler, _scale=scaler.get_scale() if scaler is not None else None)
 
 
 class Warmup:
@@ -86,6 +93,30 @@ class Warmup:
         return {"compile_s": self.compile_s, "compile_steps": self.compile_steps, "recompiles_timed": self.in_window}
 
 
+OPTIMIZERS = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),  # PyTorch's betas, eps, weight decay
+}
+
+
+def make_optimizer(model: nn.Module, cfg: RunConfig, workload: Workload | None = None) -> torch.optim.Optimizer:
+    """The optimizer every backend wraps (and the compute baseline uses bare): the workload's own when it
+    brings one, otherwise --optimizer's."""
+    if workload is not None and workload.optimizer is not None:
+        optimizer = workload.optimizer(model, cfg.lr)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"the workload's optimizer(model, lr) returned {type(optimizer).__name__}")
+        return optimizer
+    return OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """run.json `optimizer`: the class and every hyper-parameter it was built with."""
+    plain = (bool, int, float, str, type(None))
+    hyper = {k: list(v) if isinstance(v, tuple) else v for k, v in optimizer.defaults.items()}
+    return {"name": type(optimizer).__name__, **{k: v for k, v in hyper.items() if isinstance(v, (*plain, list))}}
+
+
 def tokens_per_sample(x: torch.Tensor) -> int | None:
     """A token workload's sequence length (integer inputs); None for any other input."""
     return int(x[0].numel()) if not x.is_floating_point() and x.dim() >= 2 else None
@@ -107,6 +138,25 @@ def model_flops(build_model: Callable[[], nn.Module], loss: Callable[..., torch.
     with step.counting_flops() as total:
         loss(model(x), y).mean().backward()
     return int(total())
+
+
+def measure(
+    cfg: RunConfig,
+    backend: Any,
+    training: Trained,
+    warmup: Warmup,
+    checkpointed: list[str],
+    workload: Workload,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> dict[str, Any]:
+    """run.json `step`: every rank's compile warm-up, the model FLOPs of the micro-batch (x, y), and this
+    machine's matmul peak, measured by every rank at once (collectives: never in a timed step)."""
+    flops = model_flops(workload.build_model, workload.loss, x, y)
+    warmups = backend.all_gather_object(warmup.record())
+    backend.barrier()
+    peak = 0.0 if cfg.peak_tflops else step.matmul_peak_tflops(step.dtype_of(cfg), backend.device)
+    return record(cfg, warmups, training, checkpointed, flops, tokens_per_sample(x), backend.all_gather_object(peak))
 
 
 def record(

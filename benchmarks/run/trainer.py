@@ -30,41 +30,18 @@ from benchmarks.run import (
     workloads,
 )
 from benchmarks.run import recorder as results
+from benchmarks.run.stepper import describe_optimizer, make_optimizer
 from benchmarks.run.validation import VALIDATION_BUFFERS
 
-__all__ = ["VALIDATION_BUFFERS", "Trainer", "make_optimizer"]
+__all__ = ["VALIDATION_BUFFERS", "Trainer", "describe_optimizer", "make_optimizer"]
 
 
 BASELINE_WARMUP_STEPS = 2
 """Untimed steps before the compute baseline: its fresh optimizer allocates momentum buffers once."""
+BASELINE_COMPILE_STEPS = 8
+"""Under --compile, up to this many more untimed steps, until one compiles nothing (the copy compiles anew)."""
 BASELINE_PHASES = ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s")
 """run.json `compute_baseline`: the median of each over the baseline's steps, each step its slowest rank's."""
-
-
-OPTIMIZERS = {
-    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
-    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),  # PyTorch's betas, eps, weight decay
-}
-
-
-def make_optimizer(
-    model: nn.Module, cfg: RunConfig, workload: workloads.Workload | None = None
-) -> torch.optim.Optimizer:
-    """The optimizer every backend wraps (and the compute baseline uses bare): the workload's own when it
-    brings one, otherwise --optimizer's."""
-    if workload is not None and workload.optimizer is not None:
-        optimizer = workload.optimizer(model, cfg.lr)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"the workload's optimizer(model, lr) returned {type(optimizer).__name__}")
-        return optimizer
-    return OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
-
-
-def describe_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """run.json `optimizer`: the class and every hyper-parameter it was built with."""
-    plain = (bool, int, float, str, type(None))
-    hyper = {k: list(v) if isinstance(v, tuple) else v for k, v in optimizer.defaults.items()}
-    return {"name": type(optimizer).__name__, **{k: v for k, v in hyper.items() if isinstance(v, (*plain, list))}}
 
 
 class Trainer:
@@ -251,23 +228,30 @@ class Trainer:
         self.train_feed.replaying = True
         if self._bare is None:  # a copy: training's weights and optimizer state stay as they are
             # A sharded copy (FSDP2 over this rank alone) steps inside its backend; a plain one outside any.
-            via = step_options.Plain(self.cfg, self.device) if self.backend.baseline_is_plain else self.backend
+            via = step_options.Recipe(self.cfg, self.device) if self.backend.baseline_is_plain else self.backend
             self._bare = self._copy(self.backend.baseline_copy, via)
         steps = [step for epoch in plan for step in epoch]
         self.backend.barrier()
-        for i in range(BASELINE_WARMUP_STEPS + share):
+        done = 0
+        while done < BASELINE_WARMUP_STEPS + BASELINE_COMPILE_STEPS:  # untimed: until a step compiles nothing
+            before = step_options.compile_events()
+            self.train_step(steps[done % len(steps)], 0, self._bare)
+            done += 1
+            self._beat()
+            if done >= BASELINE_WARMUP_STEPS and step_options.compile_events() == before:
+                break
+        for i in range(done, done + share):
             row = self.train_step(steps[i % len(steps)], 0, self._bare)
-            if i >= BASELINE_WARMUP_STEPS:
-                self._baseline_rows.append([row[k] for k in BASELINE_PHASES])
+            self._baseline_rows.append([row[k] for k in BASELINE_PHASES])
             self._beat()
         if chunk is not None:
             self.train_feed.replaying = False
             return []
-        taken = [BASELINE_WARMUP_STEPS + share]  # the steps after the timed ones, in turn
+        taken = [done + share]  # the steps after the timed ones, in turn
         # Steps of its own, after the timed ones, on a model whose parameters take their gradients in backward.
         if not self.backend.baseline_is_plain:
             self._bare = None  # its timed steps are done: two full copies at once would double the baseline's memory
-        clocked_on = self._bare or self._copy(self.backend.full_copy, step_options.Plain(self.cfg, self.device))
+        clocked_on = self._bare or self._copy(self.backend.full_copy, step_options.Recipe(self.cfg, self.device))
 
         def clocked(begin: Callable[[], None], end: Callable[[], None]) -> None:
             self.train_step(steps[taken[0] % len(steps)], 0, clocked_on, (begin, end))
@@ -286,28 +270,18 @@ class Trainer:
         return [r[0] for r in slowest]
 
     def measure_step(self, plan: list[list[list[list[int]]]]) -> dict[str, Any]:
-        """run.json `step`, off the clock once training is over: the compile warm-up of every rank, the model
-        FLOPs of one micro-batch, and this machine's matmul peak, measured by every rank at once."""
+        """run.json `step`, off the clock once training is over (stepper.measure)."""
         self.train_feed.replaying = True
         x, y = self.train_feed.fetch(plan[0][0][0])
-        flops = stepper.model_flops(self.workload.build_model, self.workload.loss, x, y)
-        warmups = self.backend.all_gather_object(self.warmup.record())
-        self.backend.barrier()
-        peak = (
-            0.0
-            if self.cfg.peak_tflops
-            else step_options.matmul_peak_tflops(step_options.dtype_of(self.cfg), self.device)
-        )
-        peaks = self.backend.all_gather_object(peak)
-        return stepper.record(
-            self.cfg, warmups, self.training, self.checkpointed, flops, stepper.tokens_per_sample(x), peaks
+        return stepper.measure(
+            self.cfg, self.backend, self.training, self.warmup, self.checkpointed, self.workload, x, y
         )
 
     def _copy(self, how: Callable[[nn.Module, Callable[[], nn.Module]], nn.Module], via: Any) -> stepper.Trained:
         """A copy of the model made by the backend's `how`, with a bare optimizer of training's kind, stepped as
         training is (the same step options) by `via`."""
         model = step_options.apply(how(self.raw_model, self.workload.build_model), self.cfg)
-        return stepper.trained(model, make_optimizer(model, self.cfg, self.workload), via, self.cfg)
+        return stepper.trained(model, make_optimizer(model, self.cfg, self.workload), via, self.cfg, self.training)
 
     def trace(self, plan: list[list[list[list[int]]]], directory: Path | None) -> dict[str, Any]:
         """Train --trace-steps more steps under the backend's tracer; rank 0 writes into `directory`.

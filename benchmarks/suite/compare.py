@@ -57,7 +57,7 @@ class Attempt:
     """The run's --val-strategy (`compare --val-strategy a,b`: each strategy its own runs and rows)."""
     signalled: bool = False
     """The signal reached this job; its exit code may then be the signal's even though its run completed."""
-    step: str = config.PLAIN_STEP
+    step_config: str = config.PLAIN_STEP
     """The step it trained, in words (config.step_of): part of what a row compares, as the strategy is."""
 
 
@@ -104,8 +104,8 @@ def run_jobs(
             name = job.variant.given or job.variant.name
             if len({j.strategy for j in jobs}) > 1:
                 name += f" (val {job.strategy})"
-            if len({j.step for j in jobs}) > 1:
-                name += f" ({job.step})"
+            if len({j.step_config for j in jobs}) > 1:
+                name += f" ({job.step_config})"
             at = f" ×{job.nproc}" if len({j.nproc for j in jobs}) > 1 else ""
             assert job.cfg.batch_size is not None
             attempt = Attempt(
@@ -117,7 +117,7 @@ def run_jobs(
                 run_id,
                 cmd,
                 val_strategy=job.strategy,
-                step=job.step,
+                step_config=job.step_config,
             )
             print(
                 f"[{label} {len(attempts) + 1}/{total}] {name}{at} repeat {repeat + 1}/{repeats}: "
@@ -291,7 +291,7 @@ COMPARISON_COLUMNS = [
     "val_samples",
     "val_duplicates",
     "final_val_exact_loss",
-    "step",
+    "step_config",
 ]
 
 

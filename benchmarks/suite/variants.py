@@ -174,7 +174,7 @@ class Job:
         return self.cfg.val_strategy
 
     @property
-    def step(self) -> str:
+    def step_config(self) -> str:
         """The step its runs train, in words (`bf16 compiled, clip 1`): part of what a row compares."""
         return config.step_of(dataclasses.asdict(self.cfg))
 

@@ -43,7 +43,7 @@ def test_reference_columns_are_the_current_contract(compare_dir) -> None:
         assert check.check_run(run_dir) == []
 
 
-NEWER_COMPARISON_COLUMNS = ("step",)
+NEWER_COMPARISON_COLUMNS = ("step_config",)
 """comparison.csv's columns added after the references were made (the step, 2026-12-07: theirs is `fp32 eager`)."""
 OLDEST_REFERENCE_SCHEMA = 4
 """Schema 5 (2026-12-07) added run.json `step` and summary.csv's FLOPs columns (FLOPS_COLUMNS) at the end; the

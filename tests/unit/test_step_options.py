@@ -56,7 +56,7 @@ def _setup(step_words: str, leader: str, status: str) -> dict:
         "workload": "w",
         "global_batch": 8,
         "world_size": 2,
-        "step": step_words,
+        "step_config": step_words,
         "decides": True,
         "status": status,
         "recommended": {"variant": leader},
@@ -118,3 +118,22 @@ def test_the_warmup_lasts_while_any_rank_compiles() -> None:
     off.start()
     off.finish(1.0, timed=False)
     assert off.settled()
+
+
+def test_a_step_study_compares_loss_curves_within_each_step_and_holds_each_to_its_tolerance(tmp_path) -> None:
+    from benchmarks.analysis import load, tables
+    from tests.helpers import DDP, HOROVOD, ONE_RANK, make_run
+
+    bf16 = {"amp": "bf16"}
+    make_run(tmp_path, "ddp-fp32", "ddp", ONE_RANK, 1.0, losses=[1.0, 0.8, 0.6], meta=DDP)
+    make_run(tmp_path, "hvd-fp32", "horovod", ONE_RANK, 1.0, losses=[1.0, 0.8, 0.6], meta=HOROVOD)
+    make_run(tmp_path, "ddp-bf16", "ddp", ONE_RANK, 1.0, losses=[1.0, 0.7, 0.5], meta={**DDP, "config": bf16})
+    # within bf16's rounding of DDP's curve (5e-4 < 1e-3), which fp32's tolerance would call another model
+    hvd_bf16 = {**HOROVOD, "config": bf16}
+    make_run(tmp_path, "hvd-bf16", "horovod", ONE_RANK, 1.0, losses=[1.0, 0.7005, 0.5], meta=hvd_bf16)
+    result = tables.loss_agreement(load.load_runs(tmp_path))
+    assert set(result.per_setup) == {"synthetic · global batch 10", "synthetic · global batch 10 · bf16 eager"}
+    fp32, bf16_setup = (result.per_setup[k] for k in sorted(result.per_setup))
+    assert fp32.train == 0.0 and fp32.tolerance == agreement.TOLERANCE
+    assert bf16_setup.train == pytest.approx(5e-4) and bf16_setup.tolerance == agreement.AMP_TOLERANCE
+    assert not bf16_setup.explanation  # within its tolerance: nothing to explain
