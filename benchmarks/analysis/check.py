@@ -6,7 +6,8 @@ every CSV has the contract's header, whole lines (a truncated last line is caugh
 type, no duplicate (rank, epoch, step), steps in order per rank; and for a completed run, `summary.csv`
 has one row whose throughput is recomputable from the timing rows, (schema 3) whose memory columns are
 ranges of MiB, and (schema 4) whose validation time and throughput are recomputable from loss.csv's `val`
-rows (`validation_problems`). A `distbench allreduce` run directory (run.json `kind: allreduce`) is held to
+rows (`validation_problems`), and (schema 5) whose FLOPs rate and MFU are recomputable from its own columns. A
+`distbench allreduce` run directory (run.json `kind: allreduce`) is held to
 its own contract (`allreduce_problems`). run.json itself is read by `rundir`.
 """
 
@@ -168,6 +169,14 @@ def summary_problems(
     if "compute_s" in row and pd.notna(row["compute_s"]):
         if not np.isclose(row["step_p50_s"] - row["compute_s"], row["exposed_comm_s"], rtol=1e-6, atol=1e-12):
             problems.append(Problem(path, 2, "exposed_comm_s is not step_p50_s − compute_s"))
+    if schema >= 5 and pd.notna(row["model_flops_per_step"]) and row["wall_s"] > 0:
+        achieved = row["model_flops_per_step"] * row["timed_steps"] / row["wall_s"] / 1e12
+        if not np.isclose(achieved, row["achieved_tflops_per_rank"], rtol=1e-6):
+            problems.append(
+                Problem(path, 2, "achieved_tflops_per_rank is not model_flops_per_step × timed_steps ÷ wall_s")
+            )
+        elif pd.notna(row["mfu"]) and not np.isclose(achieved / row["peak_tflops"], row["mfu"], rtol=1e-6):
+            problems.append(Problem(path, 2, "mfu is not achieved_tflops_per_rank ÷ peak_tflops"))
     return problems
 
 
