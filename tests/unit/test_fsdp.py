@@ -119,7 +119,7 @@ class Probe(Trainer):
 
     def train_step(self, micro_batches: Any, epoch: int, bare: Any = None, *rest: Any) -> dict[str, Any]:
         if self.in_baseline and "meshes" not in self.baseline_seen:  # the timed steps' model: its meshes' sizes
-            sizes = {p.device_mesh.size() if isinstance(p, DTensor) else 0 for p in bare[0].parameters()}
+            sizes = {p.device_mesh.size() if isinstance(p, DTensor) else 0 for p in bare.model.parameters()}
             self.baseline_seen["meshes"] = sorted(sizes)
         before = collectives_so_far(self.backend) if isinstance(self.backend, FSDPBackend) else 0
         row = super().train_step(micro_batches, epoch, bare, *rest)
