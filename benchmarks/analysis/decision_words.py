@@ -92,6 +92,7 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
     found = []
     margin = decision.get("margin") or decision.get("precision") or DEFAULT_MARGIN  # schema 1 had no margin
     steps = {s.get("step_config") for s in decision["setups"]}
+    plan_advice = (decision.get("plan") or {}).get("advice")
     for setup in decision["setups"]:
         where = f"{setup['workload']}, global batch {setup['global_batch']}, {setup['world_size']} ranks"
         if setup.get("step_config") and (len(steps) > 1 or setup["step_config"] != PLAIN_STEP):
@@ -115,6 +116,8 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
             tail = f"; {', '.join(extra)}" if extra else ""
             if alt["status"] == "resolved" and alt.get("reason"):
                 details.append(f"why {alt['variant']} is slower: {alt['reason']['text']}{tail}")
+            elif alt["status"] == "unresolved" and plan_advice:  # one plan, said after the pilot: no second count
+                details.append(f"to settle {alt['variant']}: the plan the pilot gave (Precision, below){tail}")
             elif alt["status"] == "unresolved" and alt.get("repeats_to_resolve_estimate"):
                 details.append(
                     f"to settle {alt['variant']}: an estimate — {alt['repeats_to_resolve_estimate']} runs of each give "
@@ -148,6 +151,8 @@ def precision_words(decision: dict[str, Any]) -> str:
     )
     if plan.get("budget"):
         text += f"; {plan['budget']}"
+    if plan.get("advice"):  # the plan said right after the pilot, the same words
+        return f"{text}; {plan['advice']}"
     short = {a: n for a, n in (plan.get("needed") or {}).items() if n > (plan.get("ran") or {}).get(a, n)}
     if short:
         text += "; the target needed " + ", ".join(f"{a} {n}" for a, n in short.items()) + " runs"

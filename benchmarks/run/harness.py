@@ -23,6 +23,7 @@ import shutil
 import socket
 import sys
 import threading
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,13 @@ from benchmarks.launch import emulated, network, placement
 from benchmarks.run import faults, fingerprint, guard, workloads
 from benchmarks.run import recorder as results
 from benchmarks.run.trainer import Trainer
+
+
+def _process_start() -> float:
+    """When this process was created (epoch seconds): its interpreter start and imports count from there."""
+    import psutil
+
+    return float(psutil.Process().create_time())
 
 
 def _now() -> str:
@@ -257,6 +265,8 @@ def run(
     it), and raised as RunFailed. `explicit` names the options given on the command line: an exported
     variable that one of them also sets is adopted only when it was not (benchmarks.environment.adopt).
     """
+    entered = time.perf_counter()
+    started_s = time.time() - _process_start()  # the interpreter and the imports, since the launcher forked us
     user_env = environment.recorded_variables(os.environ)  # as the user gave it: nothing of ours is set yet
     info = launch.detect()
     backend_cls = backends.get(backend_name)
@@ -308,6 +318,7 @@ def run(
             )
         recorder = failure.recorder = _open_recorder(backend, cfg, meta)
         failure.run_dir = Path(cfg.out) / run_id  # this job's from here on: failure notes may go into it
+        joined = time.perf_counter()
         trainer = Trainer(backend, workload, cfg, recorder, fault, watchdog)
         weights = fingerprint.weights_record(backend.all_gather_object(weight_prints[-1]))
         if backend.rank == 0 and not weights["initial_weights_agree"]:
@@ -318,7 +329,9 @@ def run(
             )
         if recorder is not None:
             _record_model(recorder, trainer, backend, backend_name, {**data_print, **weights})
+        built = time.perf_counter()
         trainer.fit()
+        fitted = time.perf_counter()
         if recorder is not None:
             recorder.meta["knobs"].update(backend.settled(recorder.run_dir))
         if watchdog.orphaned():  # between the watchdog's looks: still not a run anybody is waiting for
@@ -329,6 +342,8 @@ def run(
             if trainer.step_record is not None:
                 recorder.meta["step"] = trainer.step_record
             recorder.summary(trainer.timed_wall_s, trainer.compute_step_s)
+            parts = {"start": started_s, "checks_and_join": joined - entered, "build": built - joined}
+            recorder.meta["outside"] = {**parts, **trainer.outside.parts, "record": time.perf_counter() - fitted}
             with failure.recording:  # a signal now waits for the write, and finds the run completed
                 recorder.finish("completed", end_time=_now(), timed_wall_s=trainer.timed_wall_s)
             return recorder.run_dir

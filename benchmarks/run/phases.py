@@ -12,8 +12,10 @@ step add up to its time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -106,3 +108,22 @@ class CudaTimer:
 
 def timer_for(device: torch.device) -> PhaseTimer:
     return CudaTimer(TorchCudaEvents(device)) if device.type == "cuda" else HostTimer()
+
+
+class Outside:
+    """The seconds a run spends outside its timed windows, by part (run.json `outside`, docs/results.md), so that
+    a compare can say what each launch costs beyond what it measures."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = {}
+
+    def add(self, part: str, seconds: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def timing(self, part: str) -> Iterator[None]:
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(part, time.perf_counter() - begin)

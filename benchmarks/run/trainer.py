@@ -73,6 +73,8 @@ class Trainer:
         self.train_feed = data.TrainFeed(workload.train, cfg, backend.rank, backend.world_size, self.device)
         self.validation = validation.Validation(backend, workload, cfg, self._beat)
         self.pending: list[dict[str, Any]] = []
+        self.outside = phases.Outside()
+        """Seconds outside the timed windows, by part (run.json `outside`; the harness adds its own parts)."""
         self.timer = phases.timer_for(self.device)
         """Times each step's phases: CUDA events on a GPU (one synchronisation per step), perf_counter on CPU."""
         self.global_step = 0
@@ -311,6 +313,7 @@ class Trainer:
             enabled=not cfg.quiet and self.backend.rank == 0,
         )
         for epoch, steps in enumerate(plan, start=1):
+            epoch_start = time.perf_counter()
             self.train_feed.start_epoch(epoch - 1)  # a DataLoader's workers start here, before the window
             window_start: float | None = None
             flush_s = 0.0
@@ -321,6 +324,7 @@ class Trainer:
                 if window_start is None and self.global_step > cfg.warmup_steps and self.warmup.settled():
                     self.backend.barrier()  # all ranks enter the timed window together
                     window_start = time.perf_counter()
+                    self.outside.add("warmup", window_start - epoch_start)
                 self.warmup.start()
                 row = self.train_step(step, epoch)
                 row["warmup"] = window_start is None  # --compile: the warm-up lasts until nothing compiles
@@ -332,25 +336,34 @@ class Trainer:
                     spent = self.flush()
                     if window_start is not None:  # a warm-up gather happened before the window opened
                         flush_s += spent
+            closed = time.perf_counter()
             if window_start is not None:
                 self.backend.barrier()
                 self.timed_wall_s += self._longest_window(time.perf_counter() - window_start - flush_s)
+            else:  # no window this epoch: all of it was warm-up
+                self.outside.add("warmup", closed - epoch_start)
             self.flush()
+            self.outside.add("gathers", time.perf_counter() - closed + flush_s)
             self._beat()
-            val = self.validate(epoch)
+            with self.outside.timing("validation"):
+                val = self.validate(epoch)
             if self.recorder is not None:
                 self.recorder.loss([val])
             if cfg.compute_baseline_spread and epoch < len(plan):
-                self.compute_baseline(plan, epoch - 1)
+                with self.outside.timing("baseline"):
+                    self.compute_baseline(plan, epoch - 1)
         self.progress.close()
         peaks = self.backend.all_gather_object(self.memory.read())  # training is over: off the timed path
         if self.recorder is not None:
             self.recorder.memory(peaks)
-        self.compute_step_s = self.compute_baseline(plan)
-        self.step_record = self.measure_step(plan)
+        with self.outside.timing("baseline"):
+            self.compute_step_s = self.compute_baseline(plan)
+        with self.outside.timing("step_measure"):
+            self.step_record = self.measure_step(plan)
         if cfg.trace:
             directory = self.recorder.run_dir / "trace" if self.recorder is not None else None
-            traced = self.trace(plan, directory)
+            with self.outside.timing("trace"):
+                traced = self.trace(plan, directory)
             if self.recorder is not None:
                 self.recorder.meta["trace"] = traced
         self.train_feed.close()

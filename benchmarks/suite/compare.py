@@ -27,7 +27,7 @@ import backends
 from benchmarks import catalog, config, errors, files, launch
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
-from benchmarks.suite import hosts, precision, slurm, variants
+from benchmarks.suite import hosts, precision, sizing, slurm, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.options import add_arguments as add_arguments
 from benchmarks.suite.options import describe, effective_config, equal_buffers
@@ -57,6 +57,8 @@ class Attempt:
     """The run's --val-strategy (`compare --val-strategy a,b`: each strategy its own runs and rows)."""
     signalled: bool = False
     """The signal reached this job; its exit code may then be the signal's even though its run completed."""
+    outside: dict[str, float] = dataclasses.field(default_factory=dict)
+    """run.json `outside`: its seconds outside the timed window, by part (empty if it recorded none)."""
     step_config: str = config.PLAIN_STEP
     """The step it trained, in words (config.step_of): part of what a row compares, as the strategy is."""
 
@@ -177,12 +179,17 @@ def compare(
     first_job = time.perf_counter()
     started = first_job if started is None else started
     with processes.Supervisor(root) as supervisor:
+        if getattr(design, "sized", False):
+            jobs = size_runs(jobs, design.window, root, supervisor)
+        pilot_started = time.perf_counter()
         attempts = run_jobs(jobs, design.repeats, root, supervisor)
+        round_s = (time.perf_counter() - pilot_started) / max(1, design.repeats)
         more, plan = precision.second_stage(
             root,
             design,
             lambda first, stop, arms: run_jobs(jobs, stop, root, supervisor, first=first, arms=arms),
             lambda: supervisor.interrupted,
+            round_s,
         )
         attempts += more
         t0 = time.perf_counter()
@@ -200,6 +207,24 @@ def compare(
             print(supervisor.closing_line(), file=sys.stderr)
             return errors.EXIT_INTERRUPTED
     return 0 if all(a.returncode == 0 for a in attempts) else 1
+
+
+def size_runs(jobs: list[Job], window_s: float, root: Path, supervisor: processes.Supervisor) -> list[Job]:
+    """The jobs sized to `window_s` from a probe run of the first (benchmarks.suite.sizing); says how, once."""
+    from benchmarks.run import workloads
+    from benchmarks.run.workloads import checks
+
+    def run_probe(job: Job) -> Path | None:
+        [attempt] = run_jobs([job], 1, root, supervisor, label="sizing")
+        return root / attempt.run_id if attempt.returncode == 0 else None
+
+    def data_steps(job: Job) -> int:
+        ready = workloads.prepare(dataclasses.replace(job.cfg, steps_per_epoch=None, epochs=1), job.ranks)
+        return checks.data_steps(ready.cfg, ready.train_size, job.ranks)
+
+    sized, line = sizing.size(jobs, window_s, root, run_probe, data_steps)
+    print(f"  {line}", file=sys.stderr, flush=True)
+    return sized
 
 
 def never_completed(root: Path) -> str | None:
@@ -253,11 +278,37 @@ def report_and_decision(
 
 
 def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) -> str:
-    """Where the wall time went: the share inside the runs' timed windows is what was measured."""
+    """Where the wall time went: the share inside the runs' timed windows is what was measured; then, per job
+    that recorded its parts, the mean seconds of each part outside its window (`outside_parts`)."""
     timed = sum(a.timed_wall_s for a in attempts if a.timed_wall_s == a.timed_wall_s)  # NaN ≠ NaN
     share = timed / wall_s if wall_s > 0 else float("nan")
     spent = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
-    return f"time: {timed:.1f} s of {wall_s:.1f} s wall inside timed windows ({share:.0%}); {spent}"
+    line = f"time: {timed:.1f} s of {wall_s:.1f} s wall inside timed windows ({share:.0%}); {spent}"
+    parts = outside_parts(attempts)
+    if parts:
+        total = sum(parts.values())
+        line += (
+            f"\n  outside the timed window, per job: {total:.1f} s ("
+            + ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in parts.items())
+            + ")"
+        )
+    return line
+
+
+def outside_parts(attempts: list[Attempt]) -> dict[str, float]:
+    """The mean seconds per job of each part outside the timed window, over the jobs that recorded them:
+    `launch and exit` is the job's wall time less everything its run recorded (the launcher's start, its ranks'
+    exit, the process group's teardown)."""
+    recorded = [a for a in attempts if a.outside and a.timed_wall_s == a.timed_wall_s]
+    if not recorded:
+        return {}
+    names = list(dict.fromkeys(k for a in recorded for k in a.outside))
+    parts = {"launch and exit": 0.0, **dict.fromkeys(names, 0.0)}
+    for a in recorded:
+        parts["launch and exit"] += max(0.0, a.job_wall_s - a.timed_wall_s - sum(a.outside.values()))
+        for name, seconds in a.outside.items():
+            parts[name] += seconds
+    return {name: seconds / len(recorded) for name, seconds in parts.items()}
 
 
 COMPARISON_COLUMNS = [
@@ -300,7 +351,7 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
     run.json says it was (launcher, controller). Also the loaded runs, or None when no run directory exists."""
     import pandas as pd
 
-    from benchmarks.analysis import load, tables
+    from benchmarks.analysis import load, rundir, tables
 
     found = load.find_run_dirs(root)
     rs = load.load_runs(root, include_failed=True) if found else None
@@ -313,6 +364,7 @@ def comparison_frame(root: Path, attempts: list[Attempt], jobs: list[Job], scali
         stats = by_run.get(str(run_dir.resolve()), {})
         wall = stats.get("timed_wall_s")
         a.timed_wall_s = float(wall) if isinstance(wall, (int, float)) else float("nan")  # for the time line
+        a.outside = dict((rundir.read_or_none(run_dir) or {}).get("outside") or {})
         ok = (a.returncode == 0 or a.signalled) and stats.get("status") == "completed"
         v = planned[a.variant]
         # A run that died before writing run.json has no launcher of its own: the planned one stands in.
@@ -378,6 +430,7 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
     slurm.check(chosen, sizes, where.many)
     chosen = hosts.check_hostname(chosen, where, asked=args.backends is not None)
     precision.check(args, default_two_stage=True)
+    args.sized = sizing.wanted(args)
     if args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got {args.repeats}")
     if args.global_batch is not None and args.global_batch < 1:

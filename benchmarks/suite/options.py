@@ -14,7 +14,7 @@ import backends
 from benchmarks import catalog, config
 from benchmarks.config import RunConfig
 from benchmarks.run import workloads
-from benchmarks.suite import hosts, precision, variants
+from benchmarks.suite import hosts, precision, sizing, variants
 from benchmarks.suite.variants import Job
 
 # The embedded default, used only when no --workload is given: a communication-heavy model (so the
@@ -47,6 +47,7 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         "compare prints the options in effect before it starts."
     )
     add_variant_options(cmp, scaling=True)
+    sizing.add_arguments(cmp)
     hosts.add_arguments(cmp)
     add_preset_defaults(cmp)
 

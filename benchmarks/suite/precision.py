@@ -115,12 +115,43 @@ def design_words(args: argparse.Namespace) -> str:
 RunRounds = Callable[[int, int, set[str]], list[Any]]
 
 
+def reachable_margin(precision: float, needed: int, runs: int) -> float:
+    """The margin that `runs` of each can decide where `needed` were asked for ±`precision`: a planned run count
+    goes as 1 / ln²(1 + P) (intervals.planned_runs), so `runs` reach ln(1 + P') = ln(1 + P)·√(needed / runs),
+    and a half-width P' decides the margin M' with √(1 + M') − 1 = P' (target_for)."""
+    reached = math.expm1(math.log1p(precision) * math.sqrt(needed / max(runs, 1)))
+    return (1 + reached) ** 2 - 1
+
+
+def advice(args: argparse.Namespace, needed: dict[str, int], round_s: float | None) -> str | None:
+    """When the budget cannot reach the plan: the one plan that would, in numbers (None when it can)."""
+    most = max(needed.values(), default=0)
+    runs = args.max_repeats
+    if args.budget_s and round_s:
+        runs = min(runs, args.repeats + int(args.budget_s // round_s))
+    if most <= runs:
+        return None
+    hours = f", about {most * round_s / 3600:.1f} h" if round_s else ""
+    margin = reachable_margin(args.precision, most, runs)
+    return (
+        f"this budget ({runs} runs of each) cannot decide at ±{args.margin:.0%}: the pilot's spreads need {most} runs "
+        f"of each{hours} (distbench compare … --repeats {args.repeats} --precision {args.precision:.3g} "
+        f"--max-repeats {most}); with this budget only a margin of ±{margin:.0%} decides (--margin {margin:.2f}), "
+        "or make each run longer (--window) to narrow its spread"
+    )
+
+
 def second_stage(
-    root: Path, args: argparse.Namespace, run_rounds: RunRounds, interrupted: Callable[[], bool]
+    root: Path,
+    args: argparse.Namespace,
+    run_rounds: RunRounds,
+    interrupted: Callable[[], bool],
+    round_s: float | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
-    """After the pilot's rounds: plan from their spreads, run round r (pilot..) of the arms that still need one
+    """After the pilot's rounds: plan from their spreads, say at once when the budget cannot reach the plan and
+    what would (`advice`, repeated by the final lines), run round r (pilot..) of the arms that still need one
     with `run_rounds(r, r + 1, arms)` while the budget lasts, write plan.json; the attempts of the second stage
-    and the plan ({"margin": M} alone for a fixed design)."""
+    and the plan ({"margin": M} alone for a fixed design). `round_s`: the pilot's seconds per round."""
     if args.precision is None:
         return [], {"margin": args.margin}
     if interrupted():
@@ -131,9 +162,11 @@ def second_stage(
     target = {arm: min(n, args.max_repeats) for arm, n in needed.items()}
     rounds = max([args.repeats, *target.values()])
     asked = ", ".join(f"{arm} {n}" for arm, n in needed.items())
+    said = advice(args, needed, round_s)
     print(
         f"[compare] toward ±{args.precision:.1%}: the pilot's spreads ask for {asked} runs; at most "
-        f"{args.max_repeats} of each{f' and {args.budget_s:.0f} s' if args.budget_s else ''}",
+        f"{args.max_repeats} of each{f' and {args.budget_s:.0f} s' if args.budget_s else ''}"
+        + (f"\n[compare] {said}; the budget still runs, for what it can settle" if said else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -157,6 +190,7 @@ def second_stage(
         "max_repeats": args.max_repeats,
         "budget_s": args.budget_s,
         "capped": any(n > args.max_repeats for n in needed.values()) or bool(stopped),
+        "advice": said,
     }
     if args.budget_s:
         plan["budget"] = stopped or (
