@@ -37,6 +37,25 @@ class Section:
     images: list[Path] = field(default_factory=list)
 
 
+THREADS = {
+    "horovod@mpi": "Horovod's background thread and MPI's progress",
+    "horovod@mpirun": "Horovod's background thread and MPI's progress",
+    "horovod@srun": "Horovod's background thread and MPI's progress",
+    "horovod": "Horovod's background thread",
+    "ddp": "gloo's and DDP's reducer threads",
+    "fsdp": "FSDP2's own work per step (its hooks, copies and DTensor optimizer) and gloo's threads",
+}
+"""What shares the cores with compute under each framework, by variant or backend (the longest name first)."""
+
+
+def threads_words(variant: str) -> str:
+    """Why the same compute can take longer under `variant`, in its framework's words ('' for one without any)."""
+    plain = str(variant).split(" (", 1)[0]
+    backend = plain.split("@", 1)[0]
+    said = THREADS.get(plain) or THREADS.get(backend)
+    return f": {said} share the cores during compute" if said else ""
+
+
 def impl_of(meta: dict[str, Any]) -> str | None:
     """The `distbench allreduce` implementation that does this run's gradient allreduce."""
     knobs = meta.get("knobs") or {}
@@ -205,8 +224,8 @@ def sentences(table: pd.DataFrame, allreduce: pd.DataFrame | None, runs: pd.Data
                 diff, lo, hi, _ = compute
                 if stats.excludes_zero(lo, hi) and diff > 0.2 * base.raw_compute_ms:
                     text += (
-                        f"; the same compute takes {diff:.1f} ms longer under {row.variant} ({lo:.1f} to {hi:.1f} ms): "
-                        "its own threads (e.g. Horovod's background thread) share the cores during compute"
+                        f"; the same compute takes {diff:.1f} ms longer under {row.variant} ({lo:.1f} to {hi:.1f} ms)"
+                        f"{threads_words(row.variant)}"
                     )
                 diff, lo, hi, _ = exposed
                 if stats.excludes_zero(lo, hi):

@@ -104,3 +104,19 @@ def test_a_cause_is_named_only_when_its_interval_excludes_zero(tmp_path) -> None
     (sentence,) = _three_runs_each(tmp_path / "noisy", [[1, 1, 1], [5, 5, 5], [9, 9, 9]])
     assert "share the cores" not in sentence
     assert "not resolved from 3 runs: compute +1.0 ms" in sentence
+
+
+@pytest.mark.parametrize(
+    ("variant", "words"),
+    [
+        ("horovod@gloo", "Horovod's background thread share"),
+        ("horovod@mpi", "Horovod's background thread and MPI's progress"),
+        ("ddp@torchrun", "gloo's and DDP's reducer threads"),
+        ("fsdp@torchrun (val sampler)", "FSDP2's own work per step"),
+        ("single", ""),
+    ],
+)
+def test_why_names_the_framework_in_question_and_no_other(variant: str, words: str) -> None:
+    said = why.threads_words(variant)
+    assert words in said and (words or not said)
+    assert ("Horovod" in said) == variant.startswith("horovod")
