@@ -21,6 +21,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import backends
 from benchmarks import config, environment, files
@@ -239,10 +240,22 @@ def no_space_line(args: argparse.Namespace, exc: OSError) -> str:
     )
 
 
+class _Version(argparse.Action):
+    """`distbench --version`, worked out only when asked (every rank parses the command line)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"distbench {environment.distbench_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action=_Version, help="print distbench's version (and git commit) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one benchmark inside the current launcher")

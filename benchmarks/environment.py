@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from benchmarks.errors import InputError
@@ -55,6 +56,22 @@ def _nccl_version() -> str | None:
 
 IMPORTED = {"transformers": "transformers", "scikit-learn": "sklearn"}
 """Libraries recorded when a run has imported them (an hf: workload builds its model with transformers)."""
+
+
+def distbench_version() -> str:
+    """This checkout's version (the installed distribution's), with its git commit where it is a checkout."""
+    version = _dist_version("distbench") or "unknown"
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{version} ({commit})" if commit else version
 
 
 def versions() -> dict[str, str | None]:

@@ -78,3 +78,34 @@ def copy(src: Path | str, dst: Path | str) -> Path:
             shutil.copyfileobj(source, handle)
 
     return write_atomic(dst, write, binary=True)
+
+
+VIRTUAL = frozenset({"proc", "sysfs", "devtmpfs", "cgroup", "cgroup2", "debugfs", "securityfs", "tracefs", "configfs"})
+"""File systems of the kernel's own, which take no directory of ours whatever the permissions say."""
+
+
+def unwritable_reason(path: Path | str, exc: OSError) -> str:
+    """Why `path` could not be made a directory, in words that name the cause: the nearest existing directory above
+    it is a kernel file system (/proc, /sys), not writable, or a file; else the error's own words."""
+    here = Path(os.path.abspath(path))
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    kind = _fs_type(here)
+    if kind in VIRTUAL:
+        return f"{here} is the kernel's {kind} file system, which holds no results"
+    if here.exists() and not here.is_dir():
+        return f"{here} is a file, not a directory"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or not os.access(here, os.W_OK):
+        return f"{here} is not writable ({exc.strerror})"
+    return exc.strerror or str(exc)
+
+
+def _fs_type(path: Path) -> str | None:
+    """The file system type of `path` from /proc/self/mounts (the longest mount point above it), None if unknown."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    target = str(path.resolve())
+    above = [(point, kind) for point, kind in mounts if target == point or target.startswith(point.rstrip("/") + "/")]
+    return max(above, key=lambda m: len(m[0]))[1] if above else None

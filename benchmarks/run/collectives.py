@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import launch
+from benchmarks import files, launch
 from benchmarks.config import AllreduceConfig, format_size
 from benchmarks.errors import InputError
 from benchmarks.launch import network
@@ -283,7 +283,9 @@ def _open_run_dir(impl: Collective, opts: AllreduceConfig, meta: dict[str, Any])
         except FileExistsError:
             error = f"run directory {run_dir} already exists; choose another --run-id or pass --overwrite"
         except OSError as exc:
-            error = f"cannot write to --out {opts.out} ({exc.strerror}); choose a writable --out"
+            error = (
+                f"cannot write to --out {opts.out} ({files.unwritable_reason(opts.out, exc)}); choose a writable --out"
+            )
     error = next((e for e in impl.allgather(error) if e), None)
     if error:
         raise InputError(error)

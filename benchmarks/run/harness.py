@@ -33,7 +33,7 @@ import torch
 import backends
 from backends import step
 from backends.base import Backend
-from benchmarks import environment, launch
+from benchmarks import environment, files, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import emulated, network, placement
@@ -82,7 +82,9 @@ def _open_recorder(backend: Backend, cfg: RunConfig, meta: dict[str, Any]) -> re
         except FileExistsError:
             error = existing_run_dir(run_dir)
         except OSError as exc:
-            error = f"cannot write to --out {cfg.out} ({exc.strerror}); choose a writable --out"
+            error = (
+                f"cannot write to --out {cfg.out} ({files.unwritable_reason(cfg.out, exc)}); choose a writable --out"
+            )
     error = backend.broadcast_object(error)
     if error:
         raise InputError(error)

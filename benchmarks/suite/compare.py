@@ -75,7 +75,8 @@ def make_compare_dir(out: Path, compare_id: str | None) -> Path:
     except FileExistsError as exc:
         raise InputError(f"{root} already exists; choose another --run-id") from exc
     except OSError as exc:
-        raise InputError(f"cannot write to --out {out} ({exc.strerror}); choose a writable --out") from exc
+        reason = files.unwritable_reason(out, exc)
+        raise InputError(f"cannot write to --out {out} ({reason}); choose a writable --out") from exc
     return root
 
 

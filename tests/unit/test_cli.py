@@ -229,3 +229,25 @@ def test_rank_side_imports_no_analysis_stack_and_bad_input_no_torch(tmp_path) ->
         assert not heavy, heavy
         """)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_version_names_the_distribution_and_its_commit(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("distbench 0.") and "(" in out  # the checkout's commit
+
+
+def test_an_unwritable_out_says_why_in_words(tmp_path) -> None:
+    from benchmarks import files
+
+    for path, reason in (("/proc/distbench-x", "kernel's proc file system"), (f"{tmp_path}/f/x", "is a file")):
+        if reason == "is a file":
+            (tmp_path / "f").write_text("")
+        try:
+            Path(path).mkdir(parents=True)
+        except OSError as exc:
+            assert reason in files.unwritable_reason(path, exc)
+        else:
+            pytest.fail(f"{path} was made")
