@@ -293,3 +293,12 @@ def test_hf_bad_names_and_fields() -> None:
         workloads.load("hf:NopeConfig", 0)
     with pytest.raises(ValueError, match="GPT2Config has no field 'n_lay'"):
         workloads.load("hf:gpt2:n_lay=2", 0)
+
+
+def test_an_error_raised_in_a_users_workload_module_names_its_file_and_line(tmp_path, monkeypatch) -> None:
+    (tmp_path / "mine_broken.py").write_text(
+        "def factory(seed, train_size=None, val_size=None):\n    raise RuntimeError('no data here')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"no data here \(at .*mine_broken\.py:2\)"):
+        workloads.load("mine_broken:factory", 0)

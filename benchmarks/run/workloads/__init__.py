@@ -103,6 +103,23 @@ def _filled(cfg: RunConfig, defaults: dict[str, Any]) -> RunConfig:
     return dataclasses.replace(cfg, **{k: v for k, v in defaults.items() if getattr(cfg, k) is None})
 
 
+OURS = (str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[3] / "backends"))
+"""distbench's own source (benchmarks/, backends/): where an error is raised in a user's code, these frames are not."""
+
+
+def raised_at(exc: BaseException) -> str:
+    """' (at file.py:LINE)': the last frame of the traceback in a user's own file (not distbench's, not an installed
+    library's), so an error raised inside a workload module says where; '' when there is none."""
+    tb, found = exc.__traceback__, ""
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        library = "site-packages" in path or "dist-packages" in path or path.startswith("<")
+        if not library and not path.startswith(OURS) and "/lib/python" not in path:
+            found = f" (at {path}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return found
+
+
 def _factory(name: str) -> Callable[..., Any]:
     if ":" not in name:
         raise ValueError(f"unknown workload '{name}'; known: {', '.join(REGISTRY)} (or package.module:factory)")
@@ -114,7 +131,7 @@ def _factory(name: str) -> Callable[..., Any]:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except Exception as exc:  # a user's module may fail to import in any way; say which workload
-        raise ValueError(f"cannot load workload '{name}': {type(exc).__name__}: {exc}") from exc
+        raise ValueError(f"cannot load workload '{name}': {type(exc).__name__}: {exc}{raised_at(exc)}") from exc
 
 
 def _module_of(parsed: Name) -> str:
@@ -146,7 +163,7 @@ def _build(parsed: Name, name: str, seed: int, train_size: int | None, val_size:
         workload = factory(seed, train_size, val_size, **args)
     except Exception as exc:
         said = " ".join(str(exc).split())  # one line: some libraries' messages span several
-        raise ValueError(f"workload '{name}' failed to build: {type(exc).__name__}: {said}") from exc
+        raise ValueError(f"workload '{name}' failed to build: {type(exc).__name__}: {said}{raised_at(exc)}") from exc
     if not isinstance(workload, Workload):
         raise ValueError(f"workload '{name}': the factory returned {type(workload).__name__}, not a workloads.Workload")
     if parsed.kind == "builtin":  # hf's factory records its own, the configuration's values included

@@ -19,7 +19,9 @@ from benchmarks.run.workloads import Workload
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    from benchmarks.run.workloads import raised_at
+
+    return (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) + raised_at(exc)
 
 
 def _first_two(samples: Any) -> tuple[torch.Tensor, torch.Tensor]:
