@@ -30,7 +30,7 @@ from benchmarks.run.validate import validate
 from benchmarks.suite import hosts, precision, sizing, slurm, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.options import add_arguments as add_arguments
-from benchmarks.suite.options import describe, effective_config, equal_buffers
+from benchmarks.suite.options import check_not_overwrite, describe, effective_config, equal_buffers
 from benchmarks.suite.variants import Job, jobs_for
 
 WEAK, STRONG = "weak", "strong"
@@ -424,6 +424,7 @@ def write_comparison(
 def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = None) -> tuple[list[Job], Path, str]:
     """Everything compare checks before it starts a process: the jobs, the compare directory, the scaling mode.
     `made` is the cluster --emulate-hosts brought up. Raises InputError (one line) on bad input."""
+    check_not_overwrite(args, "compare")
     cfg, preset = effective_config(args)
     where = hosts.from_args(args, made)
     chosen = variants.parse(args.backends, args.launcher)

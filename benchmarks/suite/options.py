@@ -13,6 +13,7 @@ from typing import Any
 import backends
 from benchmarks import catalog, config
 from benchmarks.config import RunConfig
+from benchmarks.errors import InputError
 from benchmarks.run import workloads
 from benchmarks.suite import hosts, precision, sizing, variants
 from benchmarks.suite.variants import Job
@@ -105,9 +106,20 @@ def add_preset_defaults(cmp: argparse.ArgumentParser) -> None:
     }
     # argparse has no public way to change an added option's help; the actions list is stable since 2.7.
     for action in cmp._actions:
+        if action.dest == "overwrite":  # a compare or tune always makes a directory of its own (check_not_overwrite)
+            action.help = argparse.SUPPRESS
         if action.dest in texts:
             field = next(f for f in dataclasses.fields(RunConfig) if f.name == action.dest)
             action.help = f"{field.metadata['help']} (default: {texts[action.dest]})".replace("%", "%%")
+
+
+def check_not_overwrite(args: argparse.Namespace, command: str) -> None:
+    """compare and tune never replace an existing directory: each makes a new one (a repeated --run-id is refused)."""
+    if getattr(args, "overwrite", False):
+        raise InputError(
+            f"--overwrite is run's option: {command} always makes a new directory and replaces none; give a new "
+            "--run-id, or remove the old directory yourself"
+        )
 
 
 def equal_buffers(args: argparse.Namespace, chosen: list[variants.Variant]) -> str | None:

@@ -142,6 +142,7 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
     """`command` on the hosts the options name (`made`: the cluster --emulate-hosts brought up)."""
     started = time.perf_counter()
     try:
+        options.check_not_overwrite(args, "tune")
         where = hosts.from_args(args, made)
         cfg, _ = options.effective_config(args)
         chosen = variants.parse(args.backends, args.launcher)

@@ -119,3 +119,16 @@ def test_start_up_says_when_the_data_caps_the_steps_and_what_gives_more(workload
     compare.prepare(cli.build_parser().parse_args(argv))
     [line] = [ln for ln in capsys.readouterr().err.splitlines() if "caps an epoch" in ln]
     assert "not --steps-per-epoch 800" in line and line.endswith(more)
+
+
+@pytest.mark.parametrize("command", ["compare", "tune"])
+def test_overwrite_is_refused_by_compare_and_tune_and_hidden_from_their_help(command, tmp_path, capsys) -> None:
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "kept").write_text("nothing of it lost")
+    code = cli.main([command, "--out", str(tmp_path), "--run-id", "old", "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1 and "give a new --run-id" in err, err
+    assert (tmp_path / "old" / "kept").read_text() == "nothing of it lost"
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    assert "--overwrite" not in capsys.readouterr().out
