@@ -93,6 +93,28 @@ class Hosts:
             return max(1, cores // max(1, self.per_host(nproc)))
         return launch.default_threads(self.per_host(nproc))
 
+    def oversubscription(self, nproc: int) -> str | None:
+        """Before anything runs: the warning a run would give, when `nproc` ranks get more ranks than cores on a
+        host, or emulated hosts share cores (None for remote hosts, whose cores are theirs to say)."""
+        per = self.per_host(nproc)
+        if self.cluster is not None:
+            hosts = self.cluster.hosts[: len(self.slots)]
+            fewest = min(len(placement.parse_cpu_list(h.cpus)) for h in hosts)
+            if per <= fewest and not any(h.shared for h in hosts):
+                return None
+            shared = " sharing cores" if any(h.shared for h in hosts) else ""
+            cores = len({c for h in hosts for c in placement.parse_cpu_list(h.cpus)})
+            return (
+                f"{nproc} ranks on {len(hosts)} emulated hosts{shared}, {cores} cores in all: this measures "
+                "time-slicing, not scaling, and never decides"
+            )
+        if self.slots:
+            return None
+        cores = placement.host_cpus()
+        if per <= cores:
+            return None
+        return f"{per} ranks on {cores:g} cores: this measures time-slicing, not scaling, and never decides"
+
     def env(self) -> dict[str, str]:
         """What every job's processes get on top of this process's environment."""
         return dict.fromkeys(IFACE_ENV, self.iface) if self.iface else {}

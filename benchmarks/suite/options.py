@@ -222,4 +222,7 @@ def describe(
         + (f"\n  {buffers}" if buffers else "")
         + (f"\n  across {placed.words()}" if placed.many else "")
         + "".join(f"\n  {note}" for note in dict.fromkeys(n for j in jobs for n in j.notes))
+        + "".join(
+            f"\n  warning: {w}" for w in dict.fromkeys(filter(None, (j.hosts.oversubscription(j.ranks) for j in jobs)))
+        )
     )

@@ -175,3 +175,15 @@ def test_horovod_gloo_on_one_host_needs_a_hostname_that_resolves(monkeypatch, ca
     assert hosts.check_hostname([*gloo, *others], hosts.Hosts(), asked=False) == others
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "horovod@gloo left out of the default variants" in err and "--hostname" in err
+
+
+def test_start_up_says_when_ranks_outnumber_cores_before_anything_runs() -> None:
+    def made(cpus: list[str], shared: bool) -> hosts.Hosts:
+        members = [cluster.Host(f"h{i}", f"ns{i}", f"169.254.0.{i + 1}", c, shared) for i, c in enumerate(cpus)]
+        emulated = cluster.Cluster("t", "1gbit", None, members, "br", "now")
+        return hosts.Hosts(slots=[hosts.Slot(m.name) for m in members], cluster=emulated)
+
+    assert made(["0", "1"], shared=False).oversubscription(2) is None
+    said = made(["0", "1", "0"], shared=True).oversubscription(3)
+    assert said is not None and "3 emulated hosts sharing cores, 2 cores in all" in said and "time-slicing" in said
+    assert "4 ranks on 2 emulated hosts" in (made(["0", "1"], shared=False).oversubscription(4) or "")
