@@ -10,7 +10,8 @@
 #   make test-docker  the image built and run for real (tests/docker, also in test-all; starts dockerd without a bridge)
 #   make stress  the tests of signals, launchers and timeouts, STRESS_N times each in a row (default 10);
 #                one failure in them is a race: fix it, never retry it
-#   make notebook  results/compare.ipynb executed headless from here; the executed copy goes to NOTEBOOK_OUT
+#   make notebook  results/compare.ipynb executed headless from here; the executed copy goes to NOTEBOOK_OUT, its
+#                report beside it; RUNS=results/runs/<compare-id> reads that compare instead of the reference
 #   make gpu-bundle  here: what a GPU machine without a registry needs (gpu-bundle/); make gpu-check there
 # Override: make test TORCH_SPEC='torch==2.14.1'; make test VENV=/path/to/env TORCH_SPEC= (keep its torch);
 #           make test PYTEST_ARGS='-k launch -x'; make stress STRESS_N=20 STRESS_TESTS=tests/integration/test_interrupts.py.
@@ -98,8 +99,10 @@ lint: $(STAMP)
 NOTEBOOK_OUT ?= $(or $(TMPDIR),/tmp)/distbench-compare.ipynb
 .PHONY: notebook
 
+# RUNS=results/runs/<compare-id>: the notebook reads that compare instead of the committed reference.
+RUNS ?=
 notebook: $(STAMP)
-	$(PY) results/execute_notebook.py $(NOTEBOOK_OUT)
+	$(PY) results/execute_notebook.py $(NOTEBOOK_OUT) $(RUNS)
 
 clean:
 	rm -rf $(VENV) results/runs

@@ -137,3 +137,26 @@ def test_make_notebook_runs_it_from_the_root_and_writes_outside_the_tree(tmp_pat
     outputs = "".join(str(o) for cell in json.loads(out.read_text())["cells"] for o in cell.get("outputs", []))
     assert "image/png" in outputs and "samples/s" in outputs and "Traceback" not in outputs
     assert sorted(p.name for p in (REPO / "results").iterdir()) == before  # nothing written into the tree
+    assert (tmp_path / "executed-report" / "report.md").is_file()  # its report beside it, not in a fixed place
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+def test_make_notebook_reads_the_runs_it_is_given(tmp_path) -> None:
+    from tests.helpers import make_run
+
+    make_run(tmp_path / "mine", "ddp-r0", "ddp", [[1.0, 0.1, 0.1]], 1.0, losses=[1.0, 0.8, 0.6])
+    make_run(tmp_path / "mine", "hvd-r0", "horovod", [[1.0, 0.2, 0.2]], 1.0, losses=[1.0, 0.8, 0.6])
+    out = tmp_path / "mine.ipynb"
+    dry = subprocess.run(
+        ["make", "-n", "notebook", f"NOTEBOOK_OUT={out}", f"RUNS={tmp_path / 'mine'}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert f"results/execute_notebook.py {out} {tmp_path / 'mine'}" in dry.stdout, dry.stdout + dry.stderr
+    cmd = [sys.executable, "results/execute_notebook.py", str(out), str(tmp_path / "mine")]
+    subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=220)
+    outputs = "".join(str(o) for cell in json.loads(out.read_text())["cells"] for o in cell.get("outputs", []))
+    assert "ddp-r0" in outputs or "synthetic" in outputs, outputs[:2000]
+    assert "2026-12-01-cpu-2core" not in outputs

@@ -137,4 +137,3 @@ def test_a_step_study_compares_loss_curves_within_each_step_and_holds_each_to_it
     assert fp32.train == 0.0 and fp32.tolerance == agreement.TOLERANCE
     assert bf16_setup.train == pytest.approx(5e-4) and bf16_setup.tolerance == agreement.AMP_TOLERANCE
     assert not bf16_setup.explanation  # within its tolerance: nothing to explain
-
