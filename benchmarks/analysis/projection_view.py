@@ -21,6 +21,13 @@ def write(out: Path, document: dict[str, Any], table: pd.DataFrame) -> None:
     figure(document, out / FIGURE)
 
 
+EFFICIENCY = (
+    "efficiency = the compute baseline's step (the same work with no communication) ÷ the step, at each N: 1 when "
+    "every message hides behind compute; measured (×) from the compare's own runs, projected (o) from its inputs"
+)
+"""What the projection's efficiency is measured against, said on its plot and in its words."""
+
+
 def figure(document: dict[str, Any], path: Path, source: str | None = None) -> Path | None:
     """Projected scaling efficiency against N (a band per variant), the measured points on it; `source`, the
     directory projected, in the title where a report shows several."""
@@ -57,12 +64,14 @@ def figure(document: dict[str, Any], path: Path, source: str | None = None) -> P
     ax.set_ylabel("scaling efficiency (no-communication step ÷ step)")
     ax.set_title(f"{LABEL}: {document['workload']}" + (f"\n{source}" if source else ""), fontsize=9 if source else None)
     ax.legend(fontsize=7)
+    fig.text(0.01, 0.01, EFFICIENCY, fontsize=7, wrap=True)
+    fig.subplots_adjust(bottom=0.2)
     return figures.save(fig, path)
 
 
 def words(document: dict[str, Any]) -> list[str]:
     """What `distbench project` prints: the label first, per N the variants and the pick, then the check."""
-    lines = [f"{LABEL.capitalize()}: {document['workload']}, from {document['source']}"]
+    lines = [f"{LABEL.capitalize()}: {document['workload']}, from {document['source']}", f"  {EFFICIENCY}"]
     for cost in document["costs"]:
         worst = cost["worst_residual"]
         sizes = [r["size_bytes"] for r in cost["residuals"] if r["in_fit"]]

@@ -172,6 +172,7 @@ def test_project_a_compare_labels_it_and_checks_it_against_the_measured_step(tmp
     assert {p.name for p in out.iterdir()} == {project.JSON, project.CSV, project.FIGURE}
     lines = projection_view.words(document)
     assert lines[0].startswith("Projection (a model, not a measurement)") and any("assumptions:" in x for x in lines)
+    assert lines[1].strip().startswith("efficiency = the compute baseline's step")  # what it is measured against
     assert not any(x.startswith("warning:") for x in lines)  # within 2 % of the measured step
     assert document["band"].startswith("the compute baseline's 95 % t-interval") and "α and β" not in document["band"]
 
