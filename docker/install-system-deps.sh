@@ -28,6 +28,7 @@ optional=()  # DISTBENCH_SYSTEM_DEPS=required leaves them out (an image build: n
 if [[ "${DISTBENCH_SYSTEM_DEPS:-}" != required ]]; then
   command -v slurmd >/dev/null 2>&1 || optional+=(slurm-wlm)
   command -v munged >/dev/null 2>&1 || optional+=(munge)
+  command -v chromium-headless-shell >/dev/null 2>&1 || optional+=(chromium-headless-shell)  # the report's screenshot test
 fi
 [[ ${#missing[@]} -eq 0 && ${#optional[@]} -eq 0 ]] && exit 0
 if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
@@ -35,7 +36,7 @@ if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
     echo "[install-system-deps] ERROR: missing ${missing[*]}; run as root: apt-get update && apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
-  echo "[install-system-deps] note: ${optional[*]} not installed, so the tests under a real Slurm skip (as root: apt-get install -y ${optional[*]})" >&2
+  echo "[install-system-deps] note: ${optional[*]} not installed, so the tests that need them (a real Slurm, the report's screenshot) skip (as root: apt-get install -y ${optional[*]})" >&2
   exit 0
 fi
 echo "[install-system-deps] installing ${missing[*]} ${optional[*]}" >&2

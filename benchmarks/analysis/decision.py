@@ -176,6 +176,13 @@ def _decide_setup(
     means = {v: stats.log_ci(rows.samples_per_s)[0] for v, rows in by_variant.items()}
     means = {v: m for v, m in means.items() if np.isfinite(m)}
     entry: dict[str, Any] = {**{k: _plain(v) for k, v in setup.items()}, "decides": True, "alternatives": []}
+    short = ok[ok["warning"].fillna("").astype(str) != ""] if "warning" in ok else ok.iloc[:0]
+    entry["short_runs"] = (
+        f"{len(short)} of {len(ok)} runs short ({short['warning'].iloc[0]}): throughput this short is mostly noise; "
+        "time more steps (compare --window, or --epochs / --steps-per-epoch)"
+        if len(short)
+        else None
+    )
     if not means:
         return {**entry, "status": "no-data", "recommended": None, "note": "no completed run"}
     memory = {v: _memory(by_variant[v]) for v in means}

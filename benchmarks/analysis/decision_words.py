@@ -129,6 +129,8 @@ def paragraphs(decision: dict[str, Any]) -> list[dict[str, Any]]:
             elif extra:
                 details.append(f"{alt['variant']}: {', '.join(extra)}")
         details += _memory_lines(setup)
+        if setup.get("short_runs"):  # said in the decision itself, not only under the tables
+            details.append(f"warning: {setup['short_runs']}")
         found.append({"status": setup["status"], "head": f"{where}: {_head(setup, margin)}", "details": details})
     return found
 

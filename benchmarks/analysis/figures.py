@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -26,6 +27,37 @@ def save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+COLOURS = {
+    "ddp": "C0",
+    "horovod (gloo)": "C1",
+    "horovod": "C1",
+    "horovod (mpi)": "C2",
+    "fsdp": "C3",
+    "horovod (mpirun)": "C4",
+    "ddp (mpirun)": "C5",
+    "fsdp (mpirun)": "C6",
+    "single": "C7",
+}
+"""One colour per variant in every plot, whichever names it: the table's label (`horovod (gloo)`) or compare's
+(`horovod@gloo`)."""
+
+
+def colour(label: str) -> str:
+    """The colour of the variant a plot's label names (its first line, any ` wN` or ` (val …)` left out)."""
+    name = str(label).split("\n")[0].split(" w")[0].split(" (val ")[0].strip()
+    name = name.replace("@torchrun", "").replace("@gloo", " (gloo)").replace("@mpirun", " (mpirun)")
+    name = name.replace("@mpi", " (mpi)")
+    return COLOURS.get(name) or f"C{8 + zlib.crc32(name.encode()) % 2}"
+
+
+def in_order(names: list[str], order: list[str] | None) -> list[str]:
+    """`names` in the table's order (`order`: its labels), the rest after them as they came."""
+    if not order:
+        return names
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(names, key=lambda n: rank.get(n, len(rank)))
+
+
 def throughput(table: pd.DataFrame, path: Path) -> Path | None:
     """Bars of the backends with completed runs; None (no figure) when none completed."""
     ok = table[table.runs_ok > 0]
@@ -44,7 +76,7 @@ def throughput(table: pd.DataFrame, path: Path) -> Path | None:
         + (f"\n{r['step_config']}" if steps else "")
         for r in rows
     ]
-    ax.bar(range(len(ok)), ok.samples_per_s, yerr=err, capsize=6, color=[f"C{i % 10}" for i in range(len(ok))])
+    ax.bar(range(len(ok)), ok.samples_per_s, yerr=err, capsize=6, color=[colour(r["backend"]) for r in rows])
     ax.set_xticks(range(len(ok)), labels)
     no_ci = ok.ci_low.isna().any()
     ax.set_ylabel("samples/s (geo. mean, 95% CI)")
@@ -52,34 +84,47 @@ def throughput(table: pd.DataFrame, path: Path) -> Path | None:
     return save(fig, path)
 
 
-def step_times(rs: RunSet, path: Path, backends: dict[str, str] | None = None) -> Path | None:
-    """Completed runs' timed steps per backend (`backends` as in `setup_label`); None when there are none."""
+def step_times(
+    rs: RunSet, path: Path, backends: dict[str, str] | None = None, order: list[str] | None = None
+) -> Path | None:
+    """Completed runs' timed steps per backend (`backends` as in `setup_label`), in the table's `order`; None when
+    there are none."""
     timed = completed(rs.timing)
     timed = timed[~timed["warmup"].astype(bool)] if len(timed) else timed
     if not len(timed):
         return None
     timed = timed.assign(backend=setup_label(timed, backends))
     slowest = timed.groupby(["backend", "run_key", "step"], sort=False, observed=True)["step_s"].max().reset_index()
-    names = list(dict.fromkeys(slowest.backend))
+    names = in_order(list(dict.fromkeys(slowest.backend)), order)
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.boxplot([slowest[slowest.backend == b]["step_s"] * 1000 for b in names], showfliers=True)
+    boxes = ax.boxplot(
+        [slowest[slowest.backend == b]["step_s"] * 1000 for b in names], showfliers=True, patch_artist=True
+    )
+    for box, name in zip(boxes["boxes"], names, strict=True):
+        box.set_facecolor(colour(name))
+        box.set_alpha(0.6)
     ax.set_xticks(range(1, len(names) + 1), names)
     ax.set_ylabel("step time, slowest rank (ms)")
     ax.set_title("Step-time distribution (warm-up excluded)")
     return save(fig, path)
 
 
-def loss_curves(rs: RunSet, path: Path, backends: dict[str, str] | None = None) -> Path | None:
-    """The first completed run of each backend; None when no completed run recorded a loss."""
+def loss_curves(
+    rs: RunSet, path: Path, backends: dict[str, str] | None = None, order: list[str] | None = None
+) -> Path | None:
+    """The first completed run of each backend, in the table's `order`; None when no completed run recorded a
+    loss."""
     loss = completed(rs.loss)
     if not len(loss):
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, (backend, rows) in enumerate(loss.groupby(setup_label(loss, backends), sort=False)):
+    groups = dict(list(loss.groupby(setup_label(loss, backends), sort=False)))
+    for backend in in_order(list(groups), order):
+        rows = groups[backend]
         first = rows[rows.run_key == rows.run_key.min()]
         train, val = first[first.split == "train"], first[first.split == "val"]
-        ax.plot(train.step, train.loss, color=f"C{i}", alpha=0.8, label=f"{backend} train")
-        ax.plot(val.step, val.loss, "o--", color=f"C{i}", label=f"{backend} val")
+        ax.plot(train.step, train.loss, color=colour(backend), alpha=0.8, label=f"{backend} train")
+        ax.plot(val.step, val.loss, "o--", color=colour(backend), label=f"{backend} val")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("Loss curves (first run of each backend)")
@@ -98,8 +143,8 @@ def scaling_figure(table: pd.DataFrame) -> plt.Figure:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     name = "variant" if "variant" in table else "backend"
     over_any = False
-    for i, (variant, rows) in enumerate(table.groupby(name, sort=False)):
-        color = f"C{i % 10}"
+    for variant, rows in table.groupby(name, sort=False):
+        color = colour(variant)
         rows = rows.sort_values("world_size")
         for ax, column in ((left, "samples_per_s"), (right, "efficiency")):
             if column not in rows or rows[column].isna().all():
@@ -143,9 +188,12 @@ def scaling_figure(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def phases(table: pd.DataFrame, path: Path) -> Path | None:
+def phases(table: pd.DataFrame, path: Path, order: list[str] | None = None) -> Path | None:
+    """Stacked mean phases per backend, in the table's `order`."""
     if not len(table):
         return None
+    position = {name: i for i, name in enumerate(in_order(list(table.backend.astype(str)), order))}
+    table = table.assign(_at=table.backend.astype(str).map(position)).sort_values("_at")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     bottom = pd.Series(0.0, index=table.index)
     for column in ("data_s", "forward_s", "backward_s", "optimizer_s"):

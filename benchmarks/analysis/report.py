@@ -107,12 +107,13 @@ def write(
     if len(validated):
         summary += "\n\n" + evaluation.format_validation(validated)
     names = dict(zip(per_run.run_key.astype(str), per_run.backend.astype(str), strict=True))  # launchers split
+    order = list(dict.fromkeys(table["backend"].astype(str))) if "backend" in table else None  # one position each
     # Plots of what completed: each is None when nothing it would show did.
     images = [
         figures.throughput(table, out / "throughput.png"),
-        figures.step_times(rs, out / "step_times.png", names),
-        figures.phases(tables.phase_breakdown(rs, names), out / "phases.png"),
-        figures.loss_curves(rs, out / "loss_curves.png", names),
+        figures.step_times(rs, out / "step_times.png", names, order),
+        figures.phases(tables.phase_breakdown(rs, names), out / "phases.png", order),
+        figures.loss_curves(rs, out / "loss_curves.png", names, order),
     ]
     if len(scale):  # some variant at two or more world sizes: a curve, never a lone point
         images.append(figures.scaling_efficiency(scale, out / "scaling.png"))
@@ -191,6 +192,8 @@ def _cell(column: str, value: Any) -> dict[str, Any]:
 
 
 def _html_table(title: str, frame: pd.DataFrame) -> dict[str, Any]:
+    # A column empty in every row (CUDA's on CPU, a scaling study's in one of one size) says nothing: left out.
+    frame = frame[[c for c in frame.columns if (frame[c].notna() & (frame[c].astype(str) != "")).any()]]
     rows = [
         [_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)] for row in frame.itertuples(index=False)
     ]

@@ -49,11 +49,11 @@ OLDEST_REFERENCE_SCHEMA = 4
 """Schema 5 (2026-12-07) added run.json `step` and summary.csv's FLOPs columns (FLOPS_COLUMNS) at the end; the
 references made before it are schema 4 and are read with that schema's columns until they are made again."""
 
-NEWER_THAN_THE_REFERENCES = {"compute_baseline", "step"}
+NEWER_THAN_THE_REFERENCES = {"compute_baseline", "step", "outside"}
 """Keys added after the references of 2026-12-01 to 2026-12-03 were made, which they lack until they are made
 again: `compute_baseline` (its phases and the gradient-ready schedule, 2026-12-04; results/reference's
-2026-12-04-projection has it) and `step` (the step options as applied, their compile time, FLOPs and peak,
-2026-12-07). Only these; any other key a run writes today must be in every reference."""
+2026-12-04-projection has it) `step` (the step options as applied, their compile time, FLOPs and peak,
+2026-12-07) and `outside` (the seconds outside the timed window by part, 2026-12-07). Only these; any other key a run writes today must be in every reference."""
 
 NEWER_CONFIG_THAN_THE_REFERENCES = {
     "compute_baseline_spread",
