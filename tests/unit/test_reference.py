@@ -53,7 +53,8 @@ NEWER_THAN_THE_REFERENCES = {"compute_baseline", "step", "outside"}
 """Keys added after the references of 2026-12-01 to 2026-12-03 were made, which they lack until they are made
 again: `compute_baseline` (its phases and the gradient-ready schedule, 2026-12-04; results/reference's
 2026-12-04-projection has it) `step` (the step options as applied, their compile time, FLOPs and peak,
-2026-12-07) and `outside` (the seconds outside the timed window by part, 2026-12-07). Only these; any other key a run writes today must be in every reference."""
+2026-12-07) and `outside` (the seconds outside the timed window by part, 2026-12-07). Only these; any other
+key a run writes today must be in every reference."""
 
 NEWER_CONFIG_THAN_THE_REFERENCES = {
     "compute_baseline_spread",
