@@ -42,6 +42,10 @@ COLOURS = {
 (`horovod@gloo`)."""
 
 
+PHASE_SHADES = ("#c7c7c7", "#9edae5", "#dbdb8d", "#c49c94")
+"""The phases' colours: light shades no variant is drawn in, so a phase never reads as a variant."""
+
+
 def colour(label: str) -> str:
     """The colour of the variant a plot's label names (its first line, any ` wN` or ` (val …)` left out)."""
     name = str(label).split("\n")[0].split(" w")[0].split(" (val ")[0].strip()
@@ -196,8 +200,8 @@ def phases(table: pd.DataFrame, path: Path, order: list[str] | None = None) -> P
     table = table.assign(_at=table.backend.astype(str).map(position)).sort_values("_at")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     bottom = pd.Series(0.0, index=table.index)
-    for column in ("data_s", "forward_s", "backward_s", "optimizer_s"):
-        ax.bar(table.backend, table[column] * 1000, bottom=bottom * 1000, label=column.removesuffix("_s"))
+    for column, shade in zip(("data_s", "forward_s", "backward_s", "optimizer_s"), PHASE_SHADES, strict=True):
+        ax.bar(table.backend, table[column] * 1000, bottom=bottom * 1000, label=column.removesuffix("_s"), color=shade)
         bottom += table[column]
     ax.set_ylabel("mean ms per step")
     ax.set_title("Where a step's time goes")

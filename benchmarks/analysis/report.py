@@ -194,6 +194,11 @@ def _cell(column: str, value: Any) -> dict[str, Any]:
 def _html_table(title: str, frame: pd.DataFrame) -> dict[str, Any]:
     # A column empty in every row (CUDA's on CPU, a scaling study's in one of one size) says nothing: left out.
     frame = frame[[c for c in frame.columns if (frame[c].notna() & (frame[c].astype(str) != "")).any()]]
+    if title == "Per backend" and len(frame) > 1:  # what every row shares is said above it (What was compared)
+        same = [
+            c for c in frame.columns if c not in ("variant", "samples_per_s") and frame[c].astype(str).nunique() == 1
+        ]
+        frame = frame.drop(columns=[*same, *(["backend"] if "variant" in frame else [])])
     rows = [
         [_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)] for row in frame.itertuples(index=False)
     ]

@@ -303,7 +303,7 @@ def figure(table: pd.DataFrame, path: Path) -> Path | None:
     ]
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(shown)), 3.8))
     bottom = np.zeros(len(shown))
-    for part, colour in zip(PARTS, ("C0", "C3", "C7"), strict=True):
+    for part, colour in zip(PARTS, figures.PHASE_SHADES[1:], strict=True):
         values = shown[f"raw_{part}"].to_numpy(dtype=float).clip(min=0)
         ax.bar(labels, values, bottom=bottom, color=colour, label=part.removesuffix("_ms").replace("_", " "))
         bottom += values
