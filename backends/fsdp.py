@@ -8,6 +8,7 @@ The process group, its rendezvous under every launcher and the harness's collect
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -112,6 +113,11 @@ class FSDPBackend(DDPBackend):
         check_units(model, options)
 
     def init(self) -> None:
+        # FSDP2 warns, at every forward, when a unit returns a view (a Linear over a 3-D input does): an in-place
+        # op on that output would skip its pre-backward gather. The trainer only reads the output (loss, detach),
+        # never changes it in place, and the loss agreement shows the gradients agree: nothing for a user to act on
+        # (docs/commands.md, FSDP2), and said by every rank of every run it would bury the compare's own lines.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
         self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
         join_process_group(self, self.dist_backend)
         self.mesh = init_device_mesh(self.device.type, (self.launch.world_size,))

@@ -70,3 +70,21 @@ def test_a_small_workload_of_ones_own_is_sized_and_decided_within_the_default_bu
     assert record["epochs"] > 1 and record["timed_steps"] >= 100, record  # the data caps an epoch at 32 steps
     decided = json.loads((tmp_path / "c" / "decision.json").read_text())
     assert [s["status"] for s in decided["setups"]] in (["resolved"], ["equivalent"]), decided
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2s_view_warning_is_not_repeated_and_the_gradients_agree(tmp_path) -> None:
+    """The GRU's head, a Linear over a 3-D input, returns a view: FSDP2 would warn of it on every rank of every run.
+    distbench makes no in-place op on it, which the loss curve equal to DDP's shows."""
+    from tests.helpers import read_run, run_cmd, torchrun
+
+    common = ["--workload", "tests.integration.small_workloads:gru", "--epochs", "1", "--steps-per-epoch", "8"]
+    common += ["--warmup-steps", "2", "--quiet", "--out", str(tmp_path)]
+    losses = {}
+    for backend in ("fsdp", "ddp"):
+        proc = run_cmd([*torchrun(2), "run", "--backend", backend, *common, "--run-id", backend], timeout=280)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "returned a view tensor" not in proc.stdout + proc.stderr
+        loss = read_run(tmp_path / backend)["loss"]
+        losses[backend] = loss[loss.split == "train"].set_index("step")["loss"]
+    assert float((losses["fsdp"] - losses["ddp"]).abs().max()) < 1e-5
