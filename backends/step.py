@@ -228,7 +228,7 @@ def counting_flops() -> Iterator[Callable[[], int]]:
         yield mode.get_total_flops
 
 
-def matmul_peak_tflops(dtype: torch.dtype, device: torch.device, seconds: float = 0.3, n: int = 1024) -> float:
+def matmul_peak_tflops(dtype: torch.dtype, device: torch.device, seconds: float = 0.15, n: int = 1024) -> float:
     """This rank's sustained square-matmul rate in `dtype` at its present threads, TFLOP/s: the peak MFU is
     against when none is given. Every rank measures at once, so the cores are shared as in training."""
     a = torch.randn(n, n, device=device).to(dtype)
