@@ -28,12 +28,14 @@ TOLERANCE = 1e-5  # below this, a difference is floating-point reduction order, 
 COMPILED_TOLERANCE = 1e-4
 """fp32 compiled: each framework compiles other graphs (DDP split at its buckets, FSDP2 per unit), whose fused
 kernels sum in other orders; rounding of order 1e-7 per op, compounded over a run's steps."""
-AMP_TOLERANCE = 1e-3
-"""bf16/fp16 autocast: where the order differs (single's whole batch against two ranks' halves, other fused
-kernels), each matmul's output rounds differently at 2^-8 (bf16) of its size; averaged over a batch's samples a
-loss moves by far less (measured: 1e-5 after 8 fp16 steps, 4e-5 after 12 bf16 compiled ones, transformer), and
-1e-3 on losses of order 1 still tells a different model (a clip that binds, a wrong scale) from
-rounding. Where the order is the same (DDP and Horovod eager) the curves agree exactly, as in fp32."""
+AMP_TOLERANCE = 5e-3
+"""bf16/fp16 autocast: where the order differs (single's whole batch against two ranks' halves, FSDP2's
+reduce-scatter, DDP's compiled graph split at its buckets against Horovod's whole), each matmul's output rounds
+differently at 2^-8 (bf16) of its size, and the difference compounds over the steps: measured 1e-5 after 8 fp16
+steps of a 2-layer transformer, and after the default transformer's 90 steps (losses near 1.8) 1.4e-3 (bf16 eager,
+FSDP2 against DDP) and 1.9e-3 (bf16 compiled, Horovod against DDP). 5e-3 holds those with room, while a clip that
+binds moves a curve further (the tests hold it to more). Where the order is the same (DDP and Horovod eager) the
+curves agree exactly, as in fp32."""
 GROUP = ("workload", "global_batch", "val_strategy", "step_config")  # loss curves line up at one workload, global
 # batch and step; validation losses only under one --val-strategy (sampler's padding repeats samples, exact's does not)
 
