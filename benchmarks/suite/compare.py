@@ -299,6 +299,21 @@ def time_line(attempts: list[Attempt], phases: dict[str, float], wall_s: float) 
     return line
 
 
+OUTSIDE_ORDER = (
+    "start",
+    "checks_and_join",
+    "build",
+    "warmup",
+    "gathers",
+    "validation",
+    "baseline",
+    "step_measure",
+    "trace",
+    "record",
+)
+"""run.json `outside`'s parts in the order a run spends them."""
+
+
 def outside_parts(attempts: list[Attempt]) -> dict[str, float]:
     """The mean seconds per job of each part outside the timed window, over the jobs that recorded them:
     `launch and exit` is the job's wall time less everything its run recorded (the launcher's start, its ranks'
@@ -306,7 +321,8 @@ def outside_parts(attempts: list[Attempt]) -> dict[str, float]:
     recorded = [a for a in attempts if a.outside and a.timed_wall_s == a.timed_wall_s]
     if not recorded:
         return {}
-    names = list(dict.fromkeys(k for a in recorded for k in a.outside))
+    found = dict.fromkeys(k for a in recorded for k in a.outside)  # run.json's keys come sorted: put them in order
+    names = [k for k in OUTSIDE_ORDER if k in found] + [k for k in found if k not in OUTSIDE_ORDER]
     parts = {"launch and exit": 0.0, **dict.fromkeys(names, 0.0)}
     for a in recorded:
         parts["launch and exit"] += max(0.0, a.job_wall_s - a.timed_wall_s - sum(a.outside.values()))
