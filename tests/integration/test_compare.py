@@ -58,14 +58,17 @@ def test_the_default_preset_learns_and_reports_its_measured_share(tmp_path) -> N
     assert "transformer (compare's default" in proc.stderr
     run_dir = tmp_path / "c" / "ddp-r0"
     meta = meta_of(run_dir)
-    assert meta["config"]["steps_per_epoch"] == 85 and meta["timed_wall_s"] > 0
+    sized = json.loads((tmp_path / "c" / "sizing.json").read_text())  # the preset's length, sized to a 6 s window
+    assert meta["config"]["steps_per_epoch"] == sized["steps_per_epoch"] and meta["timed_wall_s"] > 0
+    assert sized["timed_steps"] >= 20 and "sized to the workload" in proc.stderr
     column, bar = BARS["transformer"]
     assert last_val(run_dir)[column] > bar
     comparison = pd.read_csv(tmp_path / "c" / "comparison.csv")
     assert comparison.timed_wall_s.iloc[0] == pytest.approx(meta["timed_wall_s"])
     assert comparison.job_wall_s.iloc[0] > comparison.timed_wall_s.iloc[0]
-    # "time: T s of W s wall inside timed windows (P%)" just before the directory.
-    time_line = proc.stdout.strip().splitlines()[-2]
+    # "time: T s of W s wall inside timed windows (P%)", then the parts outside the windows, then the directory.
+    time_line = next(line for line in proc.stdout.splitlines() if line.startswith("time: "))
+    assert "outside the timed window, per job:" in proc.stdout
     timed, wall = (float(x) for x in time_line.split("time: ")[1].split(" s wall")[0].split(" s of "))
     assert timed == pytest.approx(meta["timed_wall_s"], abs=0.05) and wall > comparison.job_wall_s.iloc[0]
 
