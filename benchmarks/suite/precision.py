@@ -134,8 +134,8 @@ def advice(args: argparse.Namespace, needed: dict[str, int], round_s: float | No
     hours = f", about {most * round_s / 3600:.1f} h" if round_s else ""
     margin = reachable_margin(args.precision, most, runs)
     return (
-        f"this budget (about {runs} runs of each) cannot decide at ±{args.margin:.0%}: the pilot's spreads need {most} runs "
-        f"of each{hours} (distbench compare … --repeats {args.repeats} --precision {args.precision:.3g} "
+        f"this budget (about {runs} runs of each) cannot decide at ±{args.margin:.0%}: the pilot's spreads need "
+        f"{most} runs of each{hours} (distbench compare … --repeats {args.repeats} --precision {args.precision:.3g} "
         f"--max-repeats {most}); with this budget only a margin of ±{margin:.0%} decides (--margin {margin:.2f}), "
         "or make each run longer (--window) to narrow its spread"
     )
