@@ -105,12 +105,7 @@ class FSDPBackend(DDPBackend):
 
     @classmethod
     def check_model(cls, build_model: Callable[[], nn.Module], options: Any) -> None:
-        try:  # the structure alone is needed: built on the meta device, it costs no memory
-            with torch.device("meta"):
-                model = build_model()
-        except Exception:  # a factory that insists on a real device
-            model = build_model()
-        check_units(model, options)
+        check_units(step.structure(build_model), options)
 
     def init(self) -> None:
         # FSDP2 warns, at every forward, when a unit returns a view (a Linear over a 3-D input does): an in-place

@@ -172,6 +172,17 @@ class Recipe:
         yield
 
 
+def structure(build_model: Callable[[], nn.Module]) -> nn.Module:
+    """The workload's model built on the meta device, where that works: its structure at no memory or compute
+    (a factory that insists on a real device builds it there). It draws nothing from training's RNG."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.device("meta"):
+                return build_model()
+        except Exception:  # a factory that insists on a real device
+            return build_model()
+
+
 def check(cfg: RunConfig, device_type: str, build_model: Callable[[], nn.Module]) -> None:
     """Refuse a step option this torch, machine or workload cannot apply, before any process group."""
     if cfg.amp != "off":
@@ -190,12 +201,7 @@ def check(cfg: RunConfig, device_type: str, build_model: Callable[[], nn.Module]
             "install one (apt-get install g++), point CXX at one, or leave --compile out"
         )
     if cfg.activation_checkpointing:
-        try:  # the structure alone is needed: built on the meta device, it costs no memory
-            with torch.device("meta"):
-                model = build_model()
-        except Exception:  # a factory that insists on a real device
-            model = build_model()
-        if not outer_blocks(model, composite=True):
+        if not outer_blocks(structure(build_model), composite=True):
             raise InputError(
                 f"--activation-checkpointing: {cfg.workload} has no blocks (children with modules of their own in an "
                 "nn.ModuleList or nn.Sequential) to recompute; leave the option out or choose a workload with "

@@ -125,12 +125,7 @@ def tokens_per_sample(x: torch.Tensor) -> int | None:
 def model_flops(build_model: Callable[[], nn.Module], loss: Callable[..., torch.Tensor], x: Any, y: Any) -> int:
     """Model FLOPs of one micro-batch's forward and backward (torch's FlopCounterMode), on a fresh model on the
     meta device, so nothing is computed; activation checkpointing's recomputation is not model FLOPs."""
-    with torch.random.fork_rng(devices=[]):
-        try:
-            with torch.device("meta"):
-                model = build_model()
-        except Exception:  # a factory that insists on a real device
-            model = build_model()
+    model = step.structure(build_model)
     if any(p.device.type == "meta" for p in model.parameters()):
         x, y = x.to("meta"), y.to("meta")
     else:  # built on a real device after all: counted there, once

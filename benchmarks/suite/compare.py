@@ -222,9 +222,13 @@ def size_runs(jobs: list[Job], window_s: float, root: Path, supervisor: processe
         [attempt] = run_jobs([job], 1, root, supervisor, label="sizing")
         return root / attempt.run_id if attempt.returncode == 0 else None
 
+    train_size: dict[int, int] = {}  # the workload is prepared once a world size, not once a job
+
     def data_steps(job: Job) -> int:
-        ready = workloads.prepare(dataclasses.replace(job.cfg, steps_per_epoch=None, epochs=1), job.ranks)
-        return checks.data_steps(ready.cfg, ready.train_size, job.ranks)
+        if job.ranks not in train_size:
+            cfg = dataclasses.replace(job.cfg, steps_per_epoch=None, epochs=1)
+            train_size[job.ranks] = workloads.prepare(cfg, job.ranks).train_size
+        return checks.data_steps(job.cfg, train_size[job.ranks], job.ranks)
 
     sized, line = sizing.size(jobs, window_s, root, run_probe, data_steps)
     print(f"  {line}", file=sys.stderr, flush=True)
