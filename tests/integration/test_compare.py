@@ -58,7 +58,7 @@ def test_the_default_preset_learns_and_reports_its_measured_share(tmp_path) -> N
     assert "transformer (compare's default" in proc.stderr
     run_dir = tmp_path / "c" / "ddp-r0"
     meta = meta_of(run_dir)
-    sized = json.loads((tmp_path / "c" / "sizing.json").read_text())  # the preset's length, sized to a 6 s window
+    sized = json.loads((tmp_path / "c" / "sizing.json").read_text())  # the preset's length, sized to the default window
     assert meta["config"]["steps_per_epoch"] == sized["steps_per_epoch"] and meta["timed_wall_s"] > 0
     assert sized["timed_steps"] >= 20 and "sized to the workload" in proc.stderr
     column, bar = BARS["transformer"]
