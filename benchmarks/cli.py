@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
+import io
 import os
 import shlex
 import sys
@@ -321,7 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def whole_lines() -> None:
+    """stderr a line at a time. Python writes it through, so print()'s text and newline reach a pipe as two
+    writes, and Open MPI's --tag-output (horovodrun --mpi) tags each: "...step/s[1,0]<stderr>:"."""
+    if isinstance(sys.stderr, io.TextIOWrapper):
+        sys.stderr.reconfigure(write_through=False, line_buffering=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # a process of its own (not called in-process by a test or a notebook)
+        whole_lines()
     args = build_parser().parse_args(argv)
     if (out := getattr(args, "out", None)) and (said := environment.out_outside_mounts(str(out))):
         print(f"distbench: warning: {said}", file=sys.stderr, flush=True)

@@ -6,8 +6,8 @@
 - emulated hosts (`--emulate-hosts N --link RATE`, or `--cluster NAME` for one `distbench cluster up` made):
   network namespaces on this machine (benchmarks.suite.cluster), whose `ssh` stand-in reaches them.
 
-Across hosts, `--nproc` is the world size, spread evenly over the hosts in the order given; rank 0 runs on
-the first host, which writes every result file (the others need no shared disk). The launchers' forms:
+Across hosts, `--nproc` is the world size, spread over the hosts in the order given as evenly as their slots
+allow (`Hosts.counts`); rank 0 runs on the first host, which writes every result file (the others need no shared disk). The launchers' forms:
 torchrun on every host (`--nnodes N --node-rank i`, its static rendezvous on the first host: c10d would
 order the nodes by name, and rank 0 could land elsewhere), `mpirun -H`, `horovodrun -H` (--gloo or --mpi)
 and, for a one-process variant, python on the first host. The network interface (`--iface`; default: the
@@ -67,40 +67,58 @@ class Hosts:
     def many(self) -> bool:
         return bool(self.slots)
 
-    def per_host(self, nproc: int) -> int:
-        return nproc // len(self.slots) if self.slots else nproc
+    def counts(self, nproc: int) -> list[int]:
+        """Ranks per host, in the order given, for a world of `nproc`: as even as the slots allow, the first
+        hosts taking one more where they do not divide (2 and 1 for a hostfile `h0 slots=2` / `h1 slots=1`, as
+        horovodrun and mpirun fill it; 1 and 1 for `--nproc 2`, so a world across hosts crosses them). Ranks
+        are numbered host after host: rank 0 on the first. A host may get none (`--nproc 1`)."""
+        if not self.slots:
+            return [nproc]
+        caps = [s.slots if s.slots is not None else nproc for s in self.slots]
+        counts = [0] * len(caps)
+        left = min(nproc, sum(caps))
+        while left:
+            for i, cap in enumerate(caps):
+                if left and counts[i] < cap:
+                    counts[i] += 1
+                    left -= 1
+        return counts
+
+    def placed(self, nproc: int) -> list[tuple[Slot, int]]:
+        """The hosts that get ranks, each with its count, in order."""
+        return [(s, k) for s, k in zip(self.slots, self.counts(nproc), strict=True) if k]
 
     def check_sizes(self, sizes: list[int]) -> None:
-        """Every world size spreads evenly over the hosts and fits their slots (InputError otherwise)."""
-        if not self.slots:
+        """Every world size fits the hosts' slots (InputError otherwise)."""
+        if not self.slots or any(s.slots is None for s in self.slots):
             return
-        n = len(self.slots)
+        room = sum(s.slots or 0 for s in self.slots)
         for size in sizes:
-            if size % n:
-                raise InputError(
-                    f"--nproc {size} does not spread evenly over {n} hosts (ranks per host = nproc ÷ hosts); "
-                    f"give a multiple of {n}"
-                )
-            for s in self.slots:
-                if s.slots is not None and size // n > s.slots:
-                    raise InputError(f"--nproc {size} puts {size // n} ranks on {s.name}, which has {s.slots} slots")
+            if size > room:
+                slots = ", ".join(f"{s.name} {s.slots}" for s in self.slots)
+                raise InputError(f"--nproc {size} is more ranks than the hosts' {room} slots ({slots}); give at most {room}")
+
+    def cores(self, slot: Slot) -> int:
+        """A host's cores: an emulated host's own; a remote host is taken to be like this one."""
+        if self.cluster is not None:
+            return len(placement.parse_cpu_list(self.cluster.host(slot.name).cpus))
+        return max(1, int(placement.host_cpus()))
 
     def threads(self, nproc: int) -> int:
-        """Threads per rank: a host's cores ÷ its ranks (the fewest of any host; remote hosts are taken to be
-        like this one)."""
-        if self.cluster is not None:
-            cores = min(len(placement.parse_cpu_list(h.cpus)) for h in self.cluster.hosts[: len(self.slots)])
-            return max(1, cores // max(1, self.per_host(nproc)))
-        return launch.default_threads(self.per_host(nproc))
+        """Threads per rank, the same for every rank: the fewest any host allows (its cores ÷ its ranks)."""
+        if not self.slots:
+            return launch.default_threads(nproc)
+        if self.cluster is None:
+            return min(launch.default_threads(k) for _, k in self.placed(nproc))
+        return max(1, min(self.cores(s) // k for s, k in self.placed(nproc)))
 
     def oversubscription(self, nproc: int) -> str | None:
         """Before anything runs: the warning a run would give, when `nproc` ranks get more ranks than cores on a
         host, or emulated hosts share cores (None for remote hosts, whose cores are theirs to say)."""
-        per = self.per_host(nproc)
         if self.cluster is not None:
-            hosts = self.cluster.hosts[: len(self.slots)]
-            fewest = min(len(placement.parse_cpu_list(h.cpus)) for h in hosts)
-            if per <= fewest and not any(h.shared for h in hosts):
+            placed = self.placed(nproc)
+            hosts = [self.cluster.host(s.name) for s, _ in placed]
+            if all(k <= self.cores(s) for s, k in placed) and not any(h.shared for h in hosts):
                 return None
             shared = " sharing cores" if any(h.shared for h in hosts) else ""
             cores = len({c for h in hosts for c in placement.parse_cpu_list(h.cpus)})
@@ -111,16 +129,17 @@ class Hosts:
         if self.slots:
             return None
         cores = placement.host_cpus()
-        if per <= cores:
+        if nproc <= cores:
             return None
-        return f"{per} ranks on {cores:g} cores: this measures time-slicing, not scaling, and never decides"
+        return f"{nproc} ranks on {cores:g} cores: this measures time-slicing, not scaling, and never decides"
 
     def env(self) -> dict[str, str]:
         """What every job's processes get on top of this process's environment."""
         return dict.fromkeys(IFACE_ENV, self.iface) if self.iface else {}
 
     def host_list(self, nproc: int) -> str:
-        return ",".join(f"{s.name}:{self.per_host(nproc)}" for s in self.slots)
+        """mpirun's and horovodrun's -H: each host with its ranks, which they fill in order."""
+        return ",".join(f"{s.name}:{k}" for s, k in self.placed(nproc))
 
     def on(self, index: int, argv: list[str], env: dict[str, str]) -> list[str]:
         """`argv` run on host `index`: in its namespace (emulated), here (this machine), or over ssh, which
@@ -141,16 +160,20 @@ class Hosts:
         if not self.slots:
             return [[*launcher_command(variant, nproc), *args]]
         module = [sys.executable, "-m", "benchmarks.cli", *args]
-        k, n = self.per_host(nproc), len(self.slots)
         if variant.launcher == launch.PYTHON:
             return [self.on(0, module, env)]
-        if variant.launcher == launch.TORCHRUN:
+        if variant.launcher == launch.TORCHRUN:  # each node its own --nproc-per-node: ranks follow node order
             port = str(random.randint(20000, 29999))
-            torchrun = [str(Path(sys.executable).parent / "torchrun"), f"--nnodes={n}", f"--nproc-per-node={k}"]
+            placed = self.placed(nproc)
+            torchrun = [str(Path(sys.executable).parent / "torchrun"), f"--nnodes={len(placed)}"]
             first = ["--master-addr", self.slots[0].name, "--master-port", port]
             return [
-                self.on(i, [*torchrun, f"--node-rank={i}", *first, "-m", "benchmarks.cli", *args], env)
-                for i in range(n)
+                self.on(
+                    self.slots.index(s),
+                    [*torchrun, f"--nproc-per-node={k}", f"--node-rank={i}", *first, "-m", "benchmarks.cli", *args],
+                    env,
+                )
+                for i, (s, k) in enumerate(placed)
             ]
         if variant.launcher == launch.HOROVODRUN:
             nic = ["--network-interface", self.iface] if self.iface else []
@@ -397,11 +420,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hosts",
         default=None,
-        help="run across these hosts, HOST[:SLOTS],… (e.g. h0:2,h1:2), reached over ssh; --nproc is then the world "
-        "size, spread evenly over them, rank 0 on the first (default: this machine alone)",
+        help="run across these hosts, HOST[:SLOTS],… (e.g. h0:2,h1:1), reached over ssh (or with --cluster, its "
+        "emulated hosts); --nproc is then the world size, up to the slots' sum, spread as evenly as the slots "
+        "allow, rank 0 on the first (default: this machine alone)",
     )
     parser.add_argument(
-        "--hostfile", default=None, help="the hosts as a file of 'HOST slots=N' lines (horovodrun's form)"
+        "--hostfile", default=None, help="the hosts as a file of 'HOST slots=N' lines (horovodrun's and mpirun's form), as --hosts"
     )
     parser.add_argument(
         "--iface",
@@ -430,7 +454,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 KINDS = ("hosts", "hostfile", "emulate_hosts", "cluster")
-"""The options that each say where the ranks run (one at most)."""
+"""The options that say where the ranks run: which hosts (--hosts or --hostfile), what they are (emulated by
+--emulate-hosts or --cluster, else real): one of each pair at most."""
 
 
 def given(args: argparse.Namespace) -> list[str]:
@@ -442,8 +467,9 @@ def from_args(args: argparse.Namespace, made: emulation.Cluster | None = None) -
     """The hosts the options name (this machine when none); `made` is the cluster --emulate-hosts brought up.
     InputError on bad input."""
     kinds = given(args)
-    if len(kinds) > 1:
-        raise InputError(f"{' and '.join(kinds)} each say where the ranks run; give one")
+    for pair in (("--hosts", "--hostfile"), ("--emulate-hosts", "--cluster")):
+        if all(flag in kinds for flag in pair):
+            raise InputError(f"{' and '.join(pair)} each say where the ranks run; give one")
     if args.link is not None and args.emulate_hosts is None:
         raise InputError("--link is the emulated hosts' link rate; give it with --emulate-hosts N")
     found = made
@@ -453,20 +479,40 @@ def from_args(args: argparse.Namespace, made: emulation.Cluster | None = None) -
         found = emulation.load(args.cluster)
         if found is None:
             raise InputError(f"no cluster {args.cluster} is up; 'distbench cluster up --name {args.cluster}' makes one")
+    listed = None
+    if args.hosts is not None or args.hostfile is not None:
+        listed = parse_hosts(args.hosts) if args.hosts is not None else parse_hostfile(args.hostfile)
     if found is not None:
-        return Hosts([Slot(h.name) for h in found.hosts], args.iface or emulation.IFACE, found)
-    if args.hosts is None and args.hostfile is None:
+        return Hosts(emulated_slots(found, listed), args.iface or emulation.IFACE, found)
+    if listed is None:
         if args.iface is not None:
             raise InputError(
                 "--iface is the interface between hosts; give it with --hosts, --hostfile or --emulate-hosts"
             )
         return Hosts()
-    slots = parse_hosts(args.hosts) if args.hosts is not None else parse_hostfile(args.hostfile)
     # This machine's route names an interface of this machine: a default only when it is one of the hosts.
-    others = [s.name for s in slots if not is_local(s.name)]
-    here = len(others) < len(slots)
+    others = [s.name for s in listed if not is_local(s.name)]
+    here = len(others) < len(listed)
     iface = args.iface or (route_iface(others[0]) if others and here else None)
-    return Hosts(slots, iface)
+    return Hosts(listed, iface)
+
+
+def emulated_slots(found: emulation.Cluster, listed: list[Slot] | None) -> list[Slot]:
+    """An emulated cluster's hosts, all of them with no slot limit, or those a host list or hostfile names
+    with their slots. The first must be the cluster's first: the one host whose /tmp is this machine's, where
+    rank 0 writes the results."""
+    if listed is None:
+        return [Slot(h.name) for h in found.hosts]
+    names = ", ".join(h.name for h in found.hosts)
+    for s in listed:
+        if not any(s.name == h.name for h in found.hosts):
+            raise InputError(f"host {s.name} is not one of cluster {found.name}'s ({names}); name those")
+    if listed[0].name != found.hosts[0].name:
+        raise InputError(
+            f"the first host must be cluster {found.name}'s first, {found.hosts[0].name} (rank 0 writes the results "
+            f"there); list {found.hosts[0].name} first"
+        )
+    return listed
 
 
 def check_emulation(args: argparse.Namespace) -> None:

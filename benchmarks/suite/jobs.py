@@ -42,6 +42,14 @@ PEER_S = 30.0
 """How long the other processes of a job of several (torchrun on each host) may outlive one that failed."""
 POLL_S = 0.25
 SAID_BYTES = 16384
+NOISE = re.compile(rb"plm:rsh: Warning: setpgid\(")
+"""Lines of a job's stderr left out: Open MPI's rsh launcher warns that it could not set the process group of
+an agent it had just started (its child had already exec'd the agent: a race the warning reports, harmless,
+the rank starts as ever); on emulated hosts every mpirun job gave it. Said once, with `NOISE_WORDS`."""
+NOISE_WORDS = (
+    "distbench: note: Open MPI's 'plm:rsh: Warning: setpgid(…) failed in parent' lines are left out: its "
+    "launcher lost a harmless race with the agent it had just started on another host; nothing failed"
+)
 STARTUP_POLLS = 40
 """Polls (10 s) during which the tree is looked at every time; then every 2 s, which costs the measured
 runs next to nothing (a look lists every process, a few ms)."""
@@ -264,16 +272,17 @@ class Supervisor:
 
     def _copy(self, stream: IO[bytes], path: Path) -> None:
         log: IO[bytes] | None = None
+        held = b""  # a line's start, until its end comes: a noise line is left out whole
         try:
-            while chunk := os.read(stream.fileno(), 65536):
-                self.said = (self.said + chunk)[-SAID_BYTES:]
-                if self.signum is None:
-                    sys.stderr.buffer.write(chunk)
-                    sys.stderr.flush()
-                    continue
-                if log is None:
-                    log = open(path, "ab")  # noqa: SIM115 (closed below)
-                log.write(chunk)
+            while True:
+                chunk = os.read(stream.fileno(), 65536)
+                lines, held = _without_noise(held + chunk) if chunk else (b"", held)
+                if not chunk or len(held) > SAID_BYTES:  # the stream's end, or a "line" that never ends
+                    lines, held = lines + held, b""
+                if lines:
+                    log = self._pass_on(lines, log, path)
+                if not chunk:
+                    break
         except (OSError, ValueError):
             pass  # the terminal or the log went away: the job's output is not worth failing over
         finally:
@@ -281,9 +290,41 @@ class Supervisor:
             if log is not None:
                 log.close()
 
+    def _pass_on(self, lines: bytes, log: IO[bytes] | None, path: Path) -> IO[bytes] | None:
+        """To the terminal until the interrupt, to the file `path` after it; returns the file once opened."""
+        self.said = (self.said + lines)[-SAID_BYTES:]
+        if self.signum is None:
+            sys.stderr.buffer.write(lines)
+            sys.stderr.flush()
+            return log
+        if log is None:
+            log = open(path, "ab")  # noqa: SIM115 (closed by _copy)
+        log.write(lines)
+        return log
+
     def closing_line(self) -> str:
         """The last line an interrupted command prints."""
         return f"distbench: interrupted; partial results in {self.root}"
+
+
+_noise_said = threading.Event()
+
+
+def _without_noise(data: bytes) -> tuple[bytes, bytes]:
+    """`data`'s complete lines less the `NOISE` ones, and the start of a line still to come (held back until its
+    end, or the stream's). The first noise line of this process is replaced by `NOISE_WORDS`, the rest dropped."""
+    body, newline, held = data.rpartition(b"\n")
+    complete = body + newline
+    if not NOISE.search(complete):
+        return complete, held
+    kept = []
+    for line in complete.splitlines(keepends=True):
+        if not NOISE.search(line):
+            kept.append(line)
+        elif not _noise_said.is_set():
+            _noise_said.set()
+            kept.append(NOISE_WORDS.encode() + b"\n")
+    return b"".join(kept), held
 
 
 def record_interrupted(run_dir: Path, signame: str = "", command: str = "", why: str | None = None) -> bool:

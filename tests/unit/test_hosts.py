@@ -34,13 +34,30 @@ def test_hostfile_in_horovodruns_form(tmp_path: Path) -> None:
         hosts.parse_hostfile(str(tmp_path / "missing"))
 
 
-def test_world_sizes_spread_evenly_within_slots() -> None:
-    two = hosts.Hosts([hosts.Slot("a", 2), hosts.Slot("b", 2)], "eth0")
-    two.check_sizes([2, 4])
-    with pytest.raises(InputError, match="multiple of 2"):
-        two.check_sizes([3])
-    with pytest.raises(InputError, match="3 ranks on a, which has 2 slots"):
-        two.check_sizes([6])
+def test_world_sizes_spread_as_evenly_as_the_slots_allow() -> None:
+    uneven = hosts.Hosts([hosts.Slot("a", 2), hosts.Slot("b", 1)], "eth0")
+    assert uneven.counts(3) == [2, 1]  # the hostfile's own fill, as horovodrun and mpirun launch it
+    assert uneven.counts(2) == [1, 1] and uneven.counts(1) == [1, 0]
+    assert uneven.host_list(3) == "a:2,b:1" and uneven.host_list(1) == "a:1"
+    uneven.check_sizes([1, 2, 3])
+    with pytest.raises(InputError, match="--nproc 4 is more ranks than the hosts' 3 slots \\(a 2, b 1\\)"):
+        uneven.check_sizes([4])
+    assert hosts.Hosts([hosts.Slot("a"), hosts.Slot("b")]).counts(5) == [3, 2]  # no slots: no limit
+    assert hosts.Hosts([hosts.Slot("a", 1), hosts.Slot("b", 4)]).counts(4) == [1, 3]
+
+
+def test_uneven_hosts_launch_under_every_launcher_with_their_own_counts() -> None:
+    where = hosts.Hosts([hosts.Slot("h0", 2), hosts.Slot("h1", 1)], "eth0", fake_cluster())
+    env = {"OMP_NUM_THREADS": "1", **where.env()}
+    first, second = where.commands(BY_NAME["ddp@torchrun"], 3, ["run"], env)
+    assert "--nproc-per-node=2" in first and "--node-rank=0" in first and "--nnodes=2" in first
+    assert "--nproc-per-node=1" in second and "--node-rank=1" in second
+    for name in ("ddp@mpirun", "horovod@mpi", "horovod@gloo"):
+        [cmd] = where.commands(BY_NAME[name], 3, ["run"], env)
+        assert cmd[cmd.index("-H") + 1] == "h0:2,h1:1" and cmd[cmd.index("-np") + 1] == "3", name
+    # 1 core each: h0's two ranks get 1 thread each, and so does h1's one (the same threads for every rank).
+    assert where.threads(3) == 1 and "3 ranks on 2 emulated hosts" in (where.oversubscription(3) or "")
+    assert where.oversubscription(2) is None  # one rank a host
 
 
 @pytest.fixture(autouse=True)
@@ -130,11 +147,12 @@ def test_threads_come_from_the_cpus_a_process_may_use(monkeypatch: pytest.Monkey
         (["--emulate-hosts", "0"], "--emulate-hosts takes a positive number"),
         (["--emulate-hosts", "2", "--link", "fast"], "--link takes a rate"),
         (["--link", "1gbit"], "give it with --emulate-hosts"),
-        (["--hosts", "a:1", "--cluster", "x"], "--hosts and --cluster each say where the ranks run"),
+        (["--emulate-hosts", "2", "--cluster", "x"], "--emulate-hosts and --cluster each say where"),
         (["--iface", "eth0"], "give it with --hosts"),
         (["--cluster", "nosuch"], "no cluster nosuch is up"),
         (["--hosts", "localhost:1,127.0.0.1:1"], "both resolve to 127.0.0.1"),
-        (["--hosts", "localhost:1,127.0.0.2:1", "--nproc", "3"], "does not spread evenly over 2 hosts"),
+        (["--hosts", "localhost:1,127.0.0.2:1", "--nproc", "3"], "more ranks than the hosts' 2 slots"),
+        (["--hosts", "a:1", "--hostfile", "f"], "--hosts and --hostfile each say where the ranks run"),
     ],
 )
 def test_bad_host_options_are_one_line_and_exit_2(argv: list[str], said: str, capsys, tmp_path) -> None:
@@ -187,3 +205,14 @@ def test_start_up_says_when_ranks_outnumber_cores_before_anything_runs() -> None
     said = made(["0", "1", "0"], shared=True).oversubscription(3)
     assert said is not None and "3 emulated hosts sharing cores, 2 cores in all" in said and "time-slicing" in said
     assert "4 ranks on 2 emulated hosts" in (made(["0", "1"], shared=False).oversubscription(4) or "")
+
+
+def test_a_hostfile_may_name_an_emulated_clusters_hosts() -> None:
+    found = fake_cluster()
+    assert hosts.emulated_slots(found, None) == [hosts.Slot("h0"), hosts.Slot("h1")]
+    listed = [hosts.Slot("h0", 2), hosts.Slot("h1", 1)]
+    assert hosts.emulated_slots(found, listed) == listed
+    with pytest.raises(InputError, match="host h7 is not one of cluster x's \\(h0, h1\\)"):
+        hosts.emulated_slots(found, [hosts.Slot("h0"), hosts.Slot("h7")])
+    with pytest.raises(InputError, match="list h0 first"):
+        hosts.emulated_slots(found, [hosts.Slot("h1"), hosts.Slot("h0")])
