@@ -7,11 +7,12 @@
   network namespaces on this machine (benchmarks.suite.cluster), whose `ssh` stand-in reaches them.
 
 Across hosts, `--nproc` is the world size, spread over the hosts in the order given as evenly as their slots
-allow (`Hosts.counts`); rank 0 runs on the first host, which writes every result file (the others need no shared disk). The launchers' forms:
-torchrun on every host (`--nnodes N --node-rank i`, its static rendezvous on the first host: c10d would
-order the nodes by name, and rank 0 could land elsewhere), `mpirun -H`, `horovodrun -H` (--gloo or --mpi)
-and, for a one-process variant, python on the first host. The network interface (`--iface`; default: the
-one of the route to the first other host) is handed to each framework its own way.
+allow (`Hosts.counts`); rank 0 runs on the first host, which writes every result file (the others need no
+shared disk). The launchers' forms: torchrun on every host (`--nnodes N --node-rank i --nproc-per-node K_i`,
+its static rendezvous on the first host: c10d would order the nodes by name, and rank 0 could land
+elsewhere), `mpirun -H`, `horovodrun -H` (--gloo or --mpi) and, for a one-process variant, python on the
+first host. The network interface (`--iface`; default: the one of the route to the first other host) is
+handed to each framework its own way.
 
 Imported by the parser of every `distbench` process: no torch, no analysis stack.
 """
@@ -96,7 +97,9 @@ class Hosts:
         for size in sizes:
             if size > room:
                 slots = ", ".join(f"{s.name} {s.slots}" for s in self.slots)
-                raise InputError(f"--nproc {size} is more ranks than the hosts' {room} slots ({slots}); give at most {room}")
+                raise InputError(
+                    f"--nproc {size} is more ranks than the hosts' {room} slots ({slots}); give at most {room}"
+                )
 
     def cores(self, slot: Slot) -> int:
         """A host's cores: an emulated host's own; a remote host is taken to be like this one."""
@@ -425,7 +428,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "allow, rank 0 on the first (default: this machine alone)",
     )
     parser.add_argument(
-        "--hostfile", default=None, help="the hosts as a file of 'HOST slots=N' lines (horovodrun's and mpirun's form), as --hosts"
+        "--hostfile",
+        default=None,
+        help="the hosts as a file of 'HOST slots=N' lines (horovodrun's and mpirun's form), as --hosts",
     )
     parser.add_argument(
         "--iface",
