@@ -61,11 +61,16 @@ def probe(job: Job, data_steps: int) -> Job:
 
 
 def length(step_s: float, window_s: float, warmup_steps: int, data_steps: int) -> dict[str, int | None]:
-    """Timed steps that fill `window_s` at `step_s` a step, and the epochs and steps per epoch that give them."""
+    """Timed steps that fill `window_s` at `step_s` a step, and the epochs and steps per epoch that give them:
+    as few epochs as the data allows, each cut to the same length (so the count said is the count run)."""
     timed = min(MAX_TIMED_STEPS, max(MIN_TIMED_STEPS, math.ceil(window_s / step_s)))
-    total = warmup_steps + timed
-    epochs = max(1, math.ceil(total / data_steps))
-    return {"timed_steps": timed, "epochs": epochs, "steps_per_epoch": None if epochs > 1 else total}
+    epochs = max(1, math.ceil((warmup_steps + timed) / data_steps))
+    per_epoch = math.ceil((warmup_steps + timed) / epochs)
+    return {
+        "timed_steps": epochs * per_epoch - warmup_steps,
+        "epochs": epochs,
+        "steps_per_epoch": per_epoch if per_epoch < data_steps or epochs == 1 else None,
+    }
 
 
 def size(

@@ -19,7 +19,10 @@ def test_a_run_is_sized_to_fill_its_window_over_as_many_epochs_as_the_data_takes
     one = sizing.length(step_s=0.05, window_s=6.0, warmup_steps=5, data_steps=200)
     assert one == {"timed_steps": 120, "epochs": 1, "steps_per_epoch": 125}
     many = sizing.length(step_s=0.015, window_s=6.0, warmup_steps=5, data_steps=32)  # a small data set
-    assert many["timed_steps"] == 400 and many["epochs"] == math.ceil(405 / 32) and many["steps_per_epoch"] is None
+    assert many["epochs"] == math.ceil(405 / 32) == 13 and many["steps_per_epoch"] is None  # 13 whole epochs
+    assert many["timed_steps"] == 416 - 5  # what runs, not what was asked: whole epochs of the same length
+    two = sizing.length(step_s=0.05, window_s=12.0, warmup_steps=5, data_steps=128)
+    assert two == {"timed_steps": 241, "epochs": 2, "steps_per_epoch": 123}  # 2 × 123, not 2 whole epochs
     slow = sizing.length(step_s=2.0, window_s=6.0, warmup_steps=5, data_steps=1000)
     assert slow["timed_steps"] == sizing.MIN_TIMED_STEPS  # never a window of a handful of steps
 
@@ -51,8 +54,8 @@ def test_every_job_gets_the_probes_length_and_sizing_json_says_why(tmp_path: Pat
 
     sized, line = sizing.size(jobs, 6.0, tmp_path, run_probe, lambda job: 40)
     assert [p.cfg.compute_baseline_steps for p in probes] == [0] and probes[0].variant == ddp
-    assert {(j.cfg.epochs, j.cfg.steps_per_epoch) for j in sized} == {(math.ceil(305 / 40), None)}
-    assert "takes 20.0 ms" in line and "300 timed steps a run" in line and "8 epochs" in line
+    assert {(j.cfg.epochs, j.cfg.steps_per_epoch) for j in sized} == {(8, 39)}  # 305 steps: 8 epochs of 39
+    assert "takes 20.0 ms" in line and "307 timed steps a run" in line and "8 epochs" in line
     assert (tmp_path / sizing.SIZING_JSON).is_file() and not (tmp_path / "probe-r0").exists()
 
 
