@@ -109,6 +109,29 @@ def test_compare_runs_across_emulated_hosts_under_every_launcher(cluster: str, t
 
 @needs_rights
 @across_hosts
+@pytest.mark.timeout(400)
+def test_a_hostfile_of_uneven_slots_places_ranks_as_horovodrun_and_mpirun_do(cluster: str, tmp_path: Path) -> None:
+    """Issue 51: `h0 slots=2` / `h1 slots=1` and --nproc 3, under every launcher: ranks 0-1 on h0, 2 on h1."""
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("h0 slots=2\nh1 slots=1\n")
+    out = tmp_path / "out"
+    variants = "ddp@torchrun,ddp@mpirun,horovod@gloo,horovod@mpi"
+    cmd = [DISTBENCH, "compare", "--cluster", cluster, "--hostfile", str(hostfile), "--nproc", "3"]
+    done = run_cmd([*cmd, "--backends", variants, *SHORT, "--out", str(out)], 360)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "3 ranks on 2 emulated hosts" in done.stderr.split("[compare 1/")[0]  # said before anything ran
+    assert "setpgid" not in done.stderr and "]<stderr>:[" not in done.stderr
+    runs = _runs(out)
+    assert len(runs) == 4
+    for run, meta in runs.items():
+        assert meta["status"] == "completed", run
+        assert meta["world_size"] == 3, run
+        assert [h["host"] for h in meta["hosts"]] == ["h0", "h0", "h1"], run
+        assert meta["threads"] == 1, run
+
+
+@needs_rights
+@across_hosts
 @pytest.mark.timeout(200)
 def test_compare_over_ssh_from_the_first_host(cluster: str, tmp_path: Path) -> None:
     """--hosts as on a real cluster: compare started on h0, reaching h1 through `ssh` (the stand-in)."""
