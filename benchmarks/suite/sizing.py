@@ -106,7 +106,8 @@ def size(
     }
     files.write_text(root / SIZING_JSON, json.dumps(record, indent=2) + "\n")
     epochs = first_length["epochs"]
-    over = f"{epochs} epochs over its data ({steps_of[id(first)]} steps each)" if epochs > 1 else "one epoch"
+    per, data = first_length["steps_per_epoch"] or steps_of[id(first)], steps_of[id(first)]
+    over = f"{epochs} epochs of {per} steps over its data ({data} an epoch)" if epochs > 1 else "one epoch"
     line = (
         f"sized to the workload: a step of {first.variant.name} takes {step_s * 1e3:.1f} ms (a probe run), so "
         f"{first_length['timed_steps']} timed steps a run for a {window_s:g} s window, {over}; every variant the "

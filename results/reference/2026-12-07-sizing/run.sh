@@ -16,3 +16,4 @@ for side in before after; do
       --backends ddp,horovod@gloo,fsdp --out "$out" --run-id "gru-$side" \
       > "$here/gru-$side.txt" 2> "$here/gru-$side-stderr.txt")
 done
+# default-window12*.txt: the default compare after the window became 12 s (`distbench compare`, nothing else running).
