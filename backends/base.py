@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from backends import step
-from benchmarks.config import NoOptions, RunConfig
+from benchmarks.config import RunConfig
 from benchmarks.launch import LaunchInfo
 
 ReduceOp = Literal["sum", "mean", "max"]
@@ -27,8 +27,6 @@ class Backend(step.Recipe, ABC, Generic[Options]):
     name: ClassVar[str]
     launchers: ClassVar[tuple[str, ...]]
     """Launchers this backend can run under; anything else is refused before any work."""
-    options_type: ClassVar[type] = NoOptions
-    """The config dataclass of this backend's own knobs (config.DDPConfig, config.HorovodConfig)."""
 
     def __init__(self, run: RunConfig, options: Options, launch: LaunchInfo) -> None:
         self.run, self.options, self.launch = run, options, launch

@@ -48,7 +48,6 @@ def join_process_group(backend: Backend[Any], dist_backend: str) -> None:
 
 class DDPBackend(Backend[DDPConfig]):
     name = "ddp"
-    options_type = DDPConfig
     launchers = (launch.TORCHRUN, launch.MPIRUN, launch.HOROVODRUN_MPI, launch.SRUN, launch.PYTHON)
 
     def init(self) -> None:

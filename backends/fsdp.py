@@ -99,7 +99,6 @@ def shard_units(
 
 class FSDPBackend(DDPBackend):
     name = "fsdp"
-    options_type = FSDPConfig  # type: ignore[assignment]
     launchers = DDPBackend.launchers
     options: FSDPConfig  # type: ignore[assignment]
 

@@ -33,7 +33,6 @@ def import_horovod() -> Any:
 
 class HorovodBackend(Backend[HorovodConfig]):
     name = "horovod"
-    options_type = HorovodConfig
     launchers = (launch.HOROVODRUN, launch.MPIRUN, launch.SRUN_MPI, launch.PYTHON)
 
     @classmethod

@@ -50,16 +50,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from benchmarks.run import harness  # imports torch: only past the checks that need none
     from benchmarks.run import recorder as results
 
-    backend_cls = backends.get(args.backend)
     notes = [
         f"distbench: warning: {flag} cannot affect backend '{args.backend}' (another backend's option); "
         "recorded in run.json only"
-        for flag in config.inert_options(args, backend_cls.options_type)
+        for flag in config.inert_options(args, backends.options_of(args.backend))
     ]
     if info.launcher == launch.PYTHON and args.backend not in backends.ONE_PROCESS:
         notes.append("no launcher detected: 1 rank; use torchrun/mpirun/horovodrun for more")
     try:
-        options = config.from_namespace(backend_cls.options_type, args)
+        options = config.from_namespace(backends.options_of(args.backend), args)
         config.check_values(options)
         run_dir = harness.run(
             args.backend, cfg, options, config.all_options(args), notes, config.given_explicitly(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -524,9 +525,11 @@ def _option_rows(section: type) -> list[str]:
     return rows
 
 
-def option_table() -> str:
-    """The manual's `distbench run` option table, generated from the dataclasses (a test keeps them equal)."""
-    backend = "| `--backend` | — | `ddp`, `horovod`, `fsdp` or `single` |"
+def option_table(names: Sequence[str]) -> str:
+    """The manual's `distbench run` option table, generated from the dataclasses (a test keeps them equal);
+    `names`: the backends declared (backends.NAMES), whose sections SECTIONS holds once they are declared."""
+    listed = ", ".join(f"`{n}`" for n in names[:-1]) + f" or `{names[-1]}`"
+    backend = f"| `--backend` | — | {listed} |"
     rows = ["| option | default | meaning |", "|---|---|---|", backend]
     for section in SECTIONS:
         if section is not RunConfig:
@@ -539,8 +542,3 @@ def option_table() -> str:
 def allreduce_option_table() -> str:
     """The manual's table of `distbench allreduce`'s sweep options (a test keeps them equal)."""
     return "\n".join(["| option | default | meaning |", "|---|---|---|", *_option_rows(AllreduceConfig)]) + "\n"
-
-
-if __name__ == "__main__":  # python -m benchmarks.config: print the manual's option tables
-    print(option_table())
-    print(allreduce_option_table(), end="")

@@ -1,5 +1,6 @@
 """Load result directories into tidy pandas frames (statistics are in `tables`).
 
+import backends
 from benchmarks.analysis.load import load_runs
 rs = load_runs("results/runs")                  # a run dir, a compare dir, a tree of them, or a glob
 rs.runs, rs.timing, rs.loss                     # metadata joined in; `run_key` (the run's path) is unique
@@ -20,10 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import backends
 from benchmarks.analysis import check, rundir
 from benchmarks.config import step_of
 from benchmarks.launch import placement
-from benchmarks.launch.variants import label
 from benchmarks.run import recorder as results
 
 RUN_COLUMNS = ("run_id", "backend", "launcher", "world_size", "workload", "global_batch", "threads", "status")
@@ -169,7 +170,8 @@ def run_variant(meta: dict[str, Any]) -> str:
     """`compare`'s name for how the run was launched: ddp@torchrun, horovod@gloo, horovod@mpi, …"""
     backend, launcher = str(meta.get("backend") or "?"), str(meta.get("launcher") or "")
     controller = (meta.get("knobs") or {}).get("controller") or meta.get("launcher_detail") or ""
-    return label(backend, launcher, str(controller) if backend == "horovod" else "")
+    by_controller = backend in backends.DECLARED and any(v.controller for v in backends.DECLARED[backend].variants)
+    return backends.label(backend, launcher, str(controller) if by_controller else "")
 
 
 def _compare_order(runs: pd.DataFrame) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import backends
 from benchmarks.analysis import collectives, costmodel, decision, load, rundir, schedule, stats, why
 from benchmarks.analysis.costmodel import Fit
 from benchmarks.errors import InputError
@@ -41,7 +42,6 @@ JSON, CSV, FIGURE = "projection.json", "projection.csv", "projection.png"
 CHECK_BOUND = 0.20
 """How far from a measured step a projection may be before `distbench project` warns that its picks rest on a
 model that does not hold there (docs/benchmarks.md's bound)."""
-MODELLED = ("ddp", "horovod", "fsdp")
 HOROVOD_SWEEP_CYCLE_S = 1e-3
 """The cycle time `distbench allreduce` runs Horovod at (its default): a call waits half of it on average for
 the next cycle, which the fit's intercept holds and the simulated cycle adds again, so the fit leaves it out."""
@@ -53,6 +53,8 @@ class Inputs:
 
     variant: str
     backend: str
+    schedule: str
+    """How it is simulated (backends.Declared.schedule): `ddp`, `horovod` or `fsdp`."""
     workload: str
     world_size: int
     samples_per_rank: float
@@ -77,10 +79,15 @@ def _interval(values: list[float]) -> tuple[float, float, float]:
     return (mean, mean, mean) if np.isnan(low) else (mean, low, high)
 
 
-def fsdp_impl(meta: dict[str, Any]) -> str | None:
-    """FSDP2's collectives go through its process group's backend, as DDP's do."""
-    knobs = meta.get("knobs") or {}
-    return f"torch-{knobs.get('dist_backend') or 'gloo'}" if meta.get("backend") == "fsdp" else None
+def modelled() -> list[str]:
+    """The backends the projection can simulate: those that declare a schedule."""
+    return [d.name for d in backends.DECLARED.values() if d.schedule]
+
+
+def schedule_of(meta: dict[str, Any]) -> str | None:
+    """The schedule its backend declares for this run, None for a backend the projection does not model."""
+    name = meta.get("backend")
+    return backends.DECLARED[name].schedule_of(meta.get("knobs") or {}) if name in backends.DECLARED else None
 
 
 def inputs(path: Path) -> list[Inputs]:
@@ -89,7 +96,7 @@ def inputs(path: Path) -> list[Inputs]:
     groups: dict[tuple[str, int], list[tuple[dict[str, Any], pd.Series]]] = {}
     for run in rs.runs.to_dict("records"):
         meta = rundir.read(Path(run["run_key"]))
-        if meta.get("backend") not in MODELLED or not (meta.get("compute_baseline") or {}).get("ready"):
+        if schedule_of(meta) is None or not (meta.get("compute_baseline") or {}).get("ready"):
             continue
         summary = pd.read_csv(Path(run["run_key"]) / results.SUMMARY_CSV).iloc[0]
         groups.setdefault((run["variant"], int(meta["world_size"])), []).append((meta, summary))
@@ -110,12 +117,13 @@ def inputs(path: Path) -> list[Inputs]:
             Inputs(
                 variant,
                 meta["backend"],
+                str(schedule_of(meta)),
                 meta["workload"],
                 world,
                 meta["global_batch"] / world,
                 meta.get("knobs") or {},
                 k,
-                why.impl_of(meta) or fsdp_impl(meta),
+                why.impl_of(meta),
                 str(meta.get("config", {}).get("device", "cpu")),
                 [float(b["step_s"]) for b in baselines],
                 float(np.median([b["forward_s"] for b in baselines])) / k,
@@ -127,7 +135,8 @@ def inputs(path: Path) -> list[Inputs]:
         )
     if not found:
         raise InputError(
-            f"no completed ddp, horovod or fsdp runs with a gradient-ready schedule under {path}; project a "
+            f"no completed runs of a modelled backend ({', '.join(modelled())}) with a gradient-ready schedule under "
+            f"{path}; project a "
             "compare directory made by this version with --compute-baseline-steps above 0 (the default, 10)"
         )
     return sorted(found, key=lambda i: (i.world_size, i.variant))
@@ -209,13 +218,13 @@ def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: boo
 
     # fp16 compression halves what DDP buckets and Horovod fuses; FSDP2 reduces in fp16 but gathers in fp32.
     grads = [schedule.Gradient(g.name, g.nbytes / 2, g.ready_s) for g in item.grads] if fp16 else item.grads
-    if item.backend == "ddp":
+    if item.schedule == "ddp":
         # DDP given bucket_cap_mb caps its first bucket likewise; its own default starts with 1 MiB (run.json knobs
         # first_bucket_mb; runs from before it was recorded were always given a cap).
         cap = knob(item, "bucket_cap_mb", 25.0)
         first = knob(item, "first_bucket_mb", cap)
         return schedule.ddp(grads, item.backward_s, wire("allreduce"), cap, overlap, first_bucket_mb=first, cpu=cpu)
-    if item.backend == "horovod":
+    if item.schedule == "horovod":
         # A given link has no agreement in it; Horovod's own sweep does (its fit's α), so none is added to it.
         negotiate = 2 * (n - 1) * cost.alpha_s if fit is costs.link else 0.0
         cycle, fusion = knob(item, "cycle_time_ms", 1.0), knob(item, "fusion_threshold_mb", 128.0)

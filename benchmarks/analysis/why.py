@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import backends
 from benchmarks.analysis import collectives, rundir, stats, timeline
 from benchmarks.analysis.load import RunSet
 from benchmarks.analysis.tables import SETUP, with_setup
@@ -37,33 +38,25 @@ class Section:
     images: list[Path] = field(default_factory=list)
 
 
-THREADS = {
-    "horovod@mpi": "Horovod's background thread and MPI's progress",
-    "horovod@mpirun": "Horovod's background thread and MPI's progress",
-    "horovod@srun": "Horovod's background thread and MPI's progress",
-    "horovod": "Horovod's background thread",
-    "ddp": "gloo's and DDP's reducer threads",
-    "fsdp": "FSDP2's own work per step (its hooks, copies and DTensor optimizer) and gloo's threads",
-}
-"""What shares the cores with compute under each framework, by variant or backend (the longest name first)."""
+MPI_PROGRESS = " and MPI's progress"
+"""What a variant under MPI (a controller or launcher of it) adds to its backend's threads."""
 
 
 def threads_words(variant: str) -> str:
     """Why the same compute can take longer under `variant`, in its framework's words ('' for one without any)."""
     plain = str(variant).split(" (", 1)[0]
-    backend = plain.split("@", 1)[0]
-    said = THREADS.get(plain) or THREADS.get(backend)
+    known = backends.BY_NAME.get(plain)
+    backend = known.backend if known else plain.split("@", 1)[0]
+    said = backends.DECLARED[backend].threads if backend in backends.DECLARED else ""
+    if said and known is not None and known.controller == "mpi":
+        said += MPI_PROGRESS
     return f": {said} share the cores during compute" if said else ""
 
 
 def impl_of(meta: dict[str, Any]) -> str | None:
     """The `distbench allreduce` implementation that does this run's gradient allreduce."""
-    knobs = meta.get("knobs") or {}
-    if meta.get("backend") == "ddp":
-        return f"torch-{knobs.get('dist_backend', 'gloo')}"
-    if meta.get("backend") == "horovod" and knobs.get("controller"):
-        return f"horovod-{knobs['controller']}"
-    return None
+    name = meta.get("backend")
+    return backends.DECLARED[name].allreduce_of(meta.get("knobs") or {}) if name in backends.DECLARED else None
 
 
 def per_run(rs: RunSet) -> pd.DataFrame:

@@ -1,8 +1,6 @@
-"""The launches distbench knows by name: a backend under one launcher, `BACKEND@LAUNCHER`.
-
-Declared here, beside launcher detection, because both the orchestration (which starts them) and the
-analysis (which names a finished run by the variant that launched it, from its run.json) read them.
-Horovod's controller (Gloo or MPI) is part of the name: `horovod@gloo` and `horovod@mpi` are different rows.
+"""A launch of a backend, `BACKEND@LAUNCHER`: the unit compare runs. Which variants exist each backend declares
+(backends.Declared.variants; backends.KNOWN lists them all). Horovod's controller (Gloo or MPI) is part of the
+name: `horovod@gloo` and `horovod@mpi` are different rows.
 """
 
 from __future__ import annotations
@@ -30,28 +28,3 @@ class Variant:
     def launch_words(self) -> str:
         """How the variant starts, for the start-up line: `horovodrun --mpi`."""
         return f"{self.launcher} --{self.controller}" if self.launcher == launch.HOROVODRUN else self.launcher
-
-
-KNOWN = (
-    Variant("ddp@torchrun", "ddp", launch.TORCHRUN),
-    Variant("ddp@mpirun", "ddp", launch.MPIRUN),
-    Variant("fsdp@torchrun", "fsdp", launch.TORCHRUN),
-    Variant("fsdp@mpirun", "fsdp", launch.MPIRUN),
-    Variant("horovod@gloo", "horovod", launch.HOROVODRUN, "gloo"),
-    Variant("horovod@mpi", "horovod", launch.HOROVODRUN, "mpi"),
-    Variant("horovod@mpirun", "horovod", launch.MPIRUN, "mpi"),
-    Variant("ddp@srun", "ddp", launch.SRUN),
-    Variant("fsdp@srun", "fsdp", launch.SRUN),
-    Variant("horovod@srun", "horovod", launch.SRUN, "mpi"),
-    Variant("single", "single", launch.PYTHON),
-)
-BY_NAME = {v.name: v for v in KNOWN}
-
-
-def label(backend: str, launcher: str, controller: str = "") -> str:
-    """The variant a run belongs to, from what its run.json recorded; `backend@launcher` for a launch
-    compare does not make (ddp under horovodrun --mpi, horovod under plain python)."""
-    for v in KNOWN:
-        if (v.backend, v.launcher) == (backend, launcher) and (v.controller or "") == (controller or ""):
-            return v.name
-    return backend if backend == "single" else f"{backend}@{launcher or '?'}"

@@ -464,7 +464,7 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
         raise InputError("--global-batch sets the per-rank batch (G ÷ ranks); give it or --batch-size, not both")
     buffers = equal_buffers(args, chosen)
     # Each backend gets only its own knobs, so no run warns about another backend's.
-    options = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
+    options = {v.backend: config.from_namespace(backends.options_of(v.backend), args) for v in chosen}
     for option in options.values():
         config.check_values(option)
     knobs = {backend: config.to_argv(option) for backend, option in options.items()}

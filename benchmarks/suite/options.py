@@ -133,7 +133,7 @@ def equal_buffers(args: argparse.Namespace, chosen: list[variants.Variant]) -> s
     can = {
         v.backend
         for v in chosen
-        if "broadcast_buffers" in {f.name for f in dataclasses.fields(backends.get(v.backend).options_type)}
+        if "broadcast_buffers" in {f.name for f in dataclasses.fields(backends.options_of(v.backend))}
     }
     cannot = [v.name for v in chosen if v.backend not in can | backends.ONE_PROCESS]
     args.broadcast_buffers = not cannot

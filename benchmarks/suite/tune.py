@@ -32,10 +32,10 @@ from benchmarks.suite.autotuning import AUTOTUNE
 from benchmarks.suite.variants import Job, Variant
 
 DEFAULT_GRID: dict[str, dict[str, list[Any]]] = {
-    "ddp": {"bucket_cap_mb": [1.0, 5.0, 25.0, 100.0], "gradient_as_bucket_view": [False, True]},
-    "horovod": {"fusion_threshold_mb": [0.0, 1.0, 32.0, 128.0], "cycle_time_ms": [0.5, 1.0, 5.0]},
+    d.name: {k: list(v) for k, v in d.tune_grid.items()} for d in backends.DECLARED.values() if d.tune_grid
 }
-"""Each backend's own communication knobs (fields of its options dataclass); benchmarks/grids/default.toml."""
+"""Each backend's own communication knobs (fields of its options dataclass), as it declares them
+(backends.Declared.tune_grid); benchmarks/grids/default.toml shows them to copy."""
 TUNE_STEPS = 30
 TUNE_CSV, TUNED_CSV = "tune.csv", "tuned.csv"
 DEFAULT_TIME = "about 9 minutes"
@@ -91,7 +91,7 @@ def load_grid(path: str | None) -> dict[str, dict[str, list[Any]]]:
         known = [n for n in backends.NAMES if n not in backends.ONE_PROCESS]
         if backend not in known or not isinstance(table, dict):
             raise InputError(f"--grid {path}: [{backend}] is not a backend table; use [{'] or ['.join(known)}]")
-        fields = {f.name: f for f in dataclasses.fields(backends.get(backend).options_type)}
+        fields = {f.name: f for f in dataclasses.fields(backends.options_of(backend))}
         checked: dict[str, list[Any]] = {}
         for key, values in table.items():
             if key not in fields:
@@ -105,7 +105,7 @@ def load_grid(path: str | None) -> dict[str, dict[str, list[Any]]]:
                     f"--grid {path}: [{backend}] {key} needs a list of {kind.__name__ if kind else 'values'}"
                 )
             checked[key] = [kind(v) if kind else v for v in values]
-            defaults = backends.get(backend).options_type()
+            defaults = backends.options_of(backend)()
             for value in checked[key]:  # the same rule as the command line's, before anything runs
                 try:
                     config.check_values(dataclasses.replace(defaults, **{key: value}))
@@ -167,7 +167,7 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
                 f"{cfg.warmup_steps}; raise --tune-steps"
             )
         buffers = options.equal_buffers(args, chosen)
-        own = {v.backend: config.from_namespace(backends.get(v.backend).options_type, args) for v in chosen}
+        own = {v.backend: config.from_namespace(backends.options_of(v.backend), args) for v in chosen}
         autotune = autotuning.plan_for(args, chosen)  # --autotune: a setting of its own, never in the sweep or default
         own = {b: dataclasses.replace(o, autotune=False) if b == "horovod" else o for b, o in own.items()}
         sweep, points = [], {}

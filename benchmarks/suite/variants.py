@@ -23,31 +23,27 @@ from benchmarks import config, environment, launch
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
-from benchmarks.launch.variants import BY_NAME, Variant
+from benchmarks.launch.variants import Variant
 from benchmarks.suite.hosts import Hosts
 
 DEFAULT = "ddp@torchrun,horovod@gloo,horovod@mpi"
 DEFAULT_WITH_LAUNCHER = "ddp,horovod"
 """--backends when only --launcher is given: one launcher for both backends, as before variants existed."""
-BARE = {"ddp": "ddp@torchrun", "horovod": "horovod@gloo", "fsdp": "fsdp@torchrun", "single": "single"}
-"""A bare backend name keeps the launcher compare always gave it."""
-FORCED = {  # --launcher L applied to a bare name
-    ("ddp", launch.TORCHRUN): "ddp@torchrun",
-    ("ddp", launch.MPIRUN): "ddp@mpirun",
-    ("fsdp", launch.TORCHRUN): "fsdp@torchrun",
-    ("fsdp", launch.MPIRUN): "fsdp@mpirun",
-    ("horovod", launch.HOROVODRUN): "horovod@gloo",
-    ("horovod", launch.MPIRUN): "horovod@mpirun",
-    ("ddp", launch.SRUN): "ddp@srun",
-    ("fsdp", launch.SRUN): "fsdp@srun",
-    ("horovod", launch.SRUN): "horovod@srun",
+BARE = {d.name: d.variants[0].name for d in backends.DECLARED.values()}
+"""A bare backend name means its first declared variant (the launcher compare always gave it)."""
+FORCED = {
+    (d.name, lau): next(v.name for v in d.variants if v.launcher == lau)
+    for d in backends.DECLARED.values()
+    if not d.one_process
+    for lau in dict.fromkeys(v.launcher for v in d.variants)
 }
+"""--launcher L applied to a bare name: the backend's first variant under L."""
 FORCEABLE_LAUNCHERS = (launch.TORCHRUN, launch.HOROVODRUN, launch.MPIRUN, launch.SRUN)
 
 
 def valid_names() -> str:
-    bare = ", ".join(f"{name} means {BARE[name]}" for name in ("ddp", "horovod", "fsdp"))
-    return f"{', '.join(BY_NAME)} (a bare {bare})"
+    bare = ", ".join(f"{name} means {full}" for name, full in BARE.items() if name != full)
+    return f"{', '.join(backends.BY_NAME)} (a bare {bare})"
 
 
 def parse(text: str | None, launcher: str | None = None) -> list[Variant]:
@@ -59,7 +55,7 @@ def parse(text: str | None, launcher: str | None = None) -> list[Variant]:
         raise InputError(f"--backends is empty; give variants from: {valid_names()}")
     chosen: list[Variant] = []
     for name in names:
-        if name in BARE and launcher and name != "single":
+        if name in BARE and launcher and name not in backends.ONE_PROCESS:
             full = FORCED.get((name, launcher))
             if full is None:
                 mine = [lau for b, lau in FORCED if b == name]
@@ -69,9 +65,9 @@ def parse(text: str | None, launcher: str | None = None) -> list[Variant]:
                 )
         else:
             full = BARE.get(name, name)
-        if full not in BY_NAME:
+        if full not in backends.BY_NAME:
             raise InputError(f"unknown variant '{name}' in --backends; valid: {valid_names()}")
-        variant = replace(BY_NAME[full], given=name)
+        variant = replace(backends.BY_NAME[full], given=name)
         if variant in chosen:
             raise InputError(f"variant '{full}' is listed twice in --backends; list each once")
         chosen.append(variant)
@@ -238,7 +234,7 @@ def environment_rule(
     chosen = dataclasses.replace(cfg, threads=threads or cfg.threads)
     chosen, adopted = environment.adopt(chosen, (), env)
     for backend, argv in knobs.items():
-        section = backends.get(backend).options_type
+        section = backends.options_of(backend)
         parser = argparse.ArgumentParser(add_help=False)
         config.add_arguments(parser, section)
         given = parser.parse_args(argv)

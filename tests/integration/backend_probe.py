@@ -18,7 +18,7 @@ from benchmarks.launch import rendezvous
 
 def main(name: str) -> None:
     cls = backends.get(name)
-    backend = cls(RunConfig(timeout=30), cls.options_type(), launch.detect())
+    backend = cls(RunConfig(timeout=30), backends.options_of(cls.name)(), launch.detect())
     backend.init()
     rank = backend.rank
     value = torch.tensor([float(rank + 1)], dtype=torch.float64)

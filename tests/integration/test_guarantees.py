@@ -31,7 +31,7 @@ def prepare_probe(name: str) -> None:
     """Initialise each rank differently (weights and BatchNorm buffers), prepare, report what rank 0 sees."""
     cls = backends.get(name)
     cfg = workloads.resolve(RunConfig(workload="cnn", timeout=60))
-    backend = cls(cfg, cls.options_type(), launch.detect())
+    backend = cls(cfg, backends.options_of(cls.name)(), launch.detect())
     backend.init()
     rank = backend.rank
     torch.manual_seed(100 + rank)  # deliberately not the shared seed

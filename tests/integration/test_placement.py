@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from backends import BY_NAME
 from benchmarks.config import RunConfig
 from benchmarks.launch import placement
-from benchmarks.launch.variants import BY_NAME
 from benchmarks.suite import variants
 from tests.helpers import CLI, horovodrun, mpirun, run_cmd, run_ok, torchrun
 

@@ -10,12 +10,12 @@ import os
 
 import pytest
 
+from backends import BY_NAME
 from benchmarks import cli, config, environment
 from benchmarks.analysis import check, context, load
 from benchmarks.config import HorovodConfig, RunConfig
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
-from benchmarks.launch.variants import BY_NAME
 from benchmarks.suite import variants
 from tests.helpers import make_run
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from backends import BY_NAME
 from benchmarks import cli
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
-from benchmarks.launch.variants import BY_NAME
 from benchmarks.suite import cluster, hosts, ssh_standin
 
 

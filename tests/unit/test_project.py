@@ -213,7 +213,7 @@ def test_edge_inputs_cost_nothing_and_autotuned_knobs_are_read_from_what_the_aut
     g = grads(4, MB, 0.04)
     assert schedule.horovod(g, 0.04, lambda b: 0.001, 0.0, 0.0, 128).messages >= 1  # a cycle time of 0 ends
     item = project.Inputs(
-        "horovod@gloo", "horovod", "transformer", 2, 16,
+        "horovod@gloo", "horovod", "horovod", "transformer", 2, 16,
         {"cycle_time_ms": "autotuned", "autotuned": {"cycle_time_ms": 3.5}},
         1, "horovod-gloo", "cpu", [0.06], 0.02, 0.04, g, [], [0.07],
     )  # fmt: skip
@@ -230,7 +230,7 @@ def test_a_projection_far_from_the_measured_step_says_its_picks_rest_on_it(tmp_p
 
 def test_the_band_is_made_of_the_intervals_the_inputs_have_and_none_is_said() -> None:
     item = project.Inputs(
-        "ddp@torchrun", "ddp", "mlp", 2, 16, {}, 1, "torch-gloo", "cpu", [0.06], 0.02, 0.04, [], [], [0.07]
+        "ddp@torchrun", "ddp", "ddp", "mlp", 2, 16, {}, 1, "torch-gloo", "cpu", [0.06], 0.02, 0.04, [], [], [0.07]
     )
     link = project.Costs(link=costmodel.link(10**9, 0.0, "1gbit"))
     assert project.band([item], link).startswith("none: one run of each variant and a given link")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import backends
+import backends as launch_variants
 from benchmarks import cli, launch
 from benchmarks.errors import InputError
-from benchmarks.launch import variants as launch_variants
 from benchmarks.suite import compare, hosts, slurm, variants
 
 
