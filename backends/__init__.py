@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -171,8 +172,26 @@ def options_of(name: str) -> type:
     return declared(name).options
 
 
-for _module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
-    importlib.import_module(_module)  # it calls register()
+def _load_plugins() -> None:
+    """Import the modules DISTBENCH_BACKENDS names (each calls `register`), from the working directory as
+    `--workload module:factory` finds its module; one that fails ends the process with one line, exit 2."""
+    names = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    if names and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a user's module may fail in any way: say which, and what to fix
+            print(
+                f"distbench: error: {PLUGINS_ENV} names {name}, which cannot be imported ({type(exc).__name__}: "
+                f"{exc}); fix the module or the variable",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(2) from exc
+
+
+_load_plugins()
 
 __all__ = ["BY_NAME", "KNOWN", "NAMES", "ONE_PROCESS", "Backend", "Declared", "declared", "get", "label", "register"]
 
