@@ -143,6 +143,18 @@ register(
     )
 )
 register(
+    Declared(
+        "deepspeed",
+        "backends.deepspeed:DeepSpeedBackend",
+        tuple(_variant("deepspeed", lau) for lau in (launch.TORCHRUN, launch.MPIRUN, launch.SRUN)),
+        config.DeepSpeedConfig,
+        {"reduce_bucket_size": [5_000_000, 50_000_000, 500_000_000], "overlap_comm": [False, True]},
+        "torch-{dist_backend}",
+        "{schedule}",  # stage 0-2: gradients bucketed as DDP's; 3: per-layer gathers as FSDP2's (run.json knobs)
+        "DeepSpeed's engine work per step (its hooks and bucket copies) and gloo's threads",
+    )
+)
+register(
     Declared("single", "backends.single:SingleBackend", (Variant("single", "single", launch.PYTHON),), one_process=True)
 )
 

@@ -38,6 +38,12 @@ class Backend(step.Recipe, ABC, Generic[Options]):
         return None
 
     @classmethod
+    def check_run(cls, cfg: RunConfig, options: Options) -> None:
+        """Raise InputError for a run option this backend cannot apply as the others do (one line, before any
+        process group). Most backends take every option."""
+        return None
+
+    @classmethod
     def check_model(cls, build_model: Callable[[], nn.Module], options: Options) -> None:
         """Raise InputError when this backend's options cannot apply to the workload's model; called before
         any process group, so bad input never leaves a run directory. Most backends take any model."""
@@ -135,6 +141,12 @@ class Backend(step.Recipe, ABC, Generic[Options]):
     def settled(self, run_dir: Path) -> dict[str, Any]:
         """Rank 0, after training: knobs the framework chose while it ran (Horovod's autotuner), for run.json."""
         return {}
+
+    def held(self) -> dict[str, int] | None:
+        """After training: the bytes of training state this rank holds (run.json memory.per_rank's HELD_FIELDS and
+        their `_full` twins) where the framework keeps them outside the model's parameters and the optimizer's
+        state (DeepSpeed's ZeRO partitions); None: counted from those."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """Every knob in effect, for run.json."""

@@ -305,6 +305,43 @@ def format_size(size_bytes: int) -> str:
     return f"{size_bytes} B"
 
 
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass
+class DeepSpeedConfig:
+    """Knobs of DeepSpeed's engine and ZeRO (defaults are DeepSpeed's)."""
+
+    zero_stage: int = _opt(
+        0,
+        "DeepSpeed's ZeRO stage: 0 (data parallel, the gradients allreduced), 1 (the optimizer state partitioned), "
+        "2 (and the gradients, reduce-scattered), 3 (and the parameters, gathered per layer)",
+    )
+    reduce_bucket_size: int | None = _opt(
+        None,
+        "ZeRO's reduce bucket, in elements (zero_optimization.reduce_bucket_size)",
+        "DeepSpeed's: 500000000",
+        above=0,
+    )
+    allgather_bucket_size: int | None = _opt(
+        None,
+        "ZeRO stage 1-2's all-gather bucket, in elements (zero_optimization.allgather_bucket_size)",
+        "DeepSpeed's: 500000000",
+        above=0,
+    )
+    overlap_comm: bool = _opt(
+        False,
+        "overlap ZeRO's gradient reduction with backward (zero_optimization.overlap_comm)",
+        "DeepSpeed's: off, on at stage 3",
+    )
+
+    def check(self) -> None:
+        if self.zero_stage not in ZERO_STAGES:
+            raise InputError(
+                f"--zero-stage must be one of 0, 1, 2 or 3 (DeepSpeed's ZeRO stages), got {self.zero_stage}"
+            )
+
+
 @dataclass
 class AllreduceConfig:
     """`distbench allreduce`: one implementation's sweep under the launcher that started it (run.json `config`)."""

@@ -19,6 +19,7 @@ import datetime
 import os
 import re
 import secrets
+import traceback
 import shutil
 import socket
 import sys
@@ -116,7 +117,11 @@ class RunFailed(RuntimeError):
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, guard.LauncherGone):  # says why in words already
         return str(exc)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if str(exc):
+        return f"{type(exc).__name__}: {exc}"
+    # A bare exception (an assert in a framework) says nothing of itself: where it was raised does.
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    return type(exc).__name__ + "".join(f" (at {f.filename}:{f.lineno})" for f in last)
 
 
 class _Failure:
@@ -280,6 +285,7 @@ def run(
     ready = workloads.prepare(cfg, info.world_size, autotune=getattr(options, "autotune", False))
     cfg = ready.cfg
     backend_cls.check_model(ready.workload.build_model, options)  # e.g. an FSDP unit policy that names nothing
+    backend_cls.check_run(cfg, options)  # e.g. a step option DeepSpeed would take its own way
     step.check(cfg, cfg.device, ready.workload.build_model)  # e.g. no C++ compiler for --compile
     data_print = fingerprint.of_data(ready.workload.train, ready.workload.val)  # compared once the ranks join
     workload, weight_prints = fingerprint.recording(ready.workload)

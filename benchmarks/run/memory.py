@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,7 @@ class Meter:
         self.peak_rss_from = PEAK_FROM_MODEL_BUILD if reset and reset_peak_rss() else PEAK_FROM_PROCESS_START
         self.rss_before_model_mb = rss_mib()
         self.tracked: tuple[nn.Module, torch.optim.Optimizer | None] | None = None
+        self.own: Callable[[], dict[str, int] | None] = lambda: None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -118,16 +120,24 @@ class Meter:
         since_reset = _status_mib("VmHWM") if self.peak_rss_from == PEAK_FROM_MODEL_BUILD else None
         return since_reset if since_reset is not None else lifetime_peak_rss_mib()
 
-    def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        """The (unwrapped) model and the optimizer whose held bytes `read` adds."""
+    def track(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        own: Callable[[], dict[str, int] | None] | None = None,
+    ) -> None:
+        """The (unwrapped) model and the optimizer whose held bytes `read` adds; `own`, the framework's own count
+        where it keeps the state elsewhere (Backend.held)."""
         self.tracked = (model, optimizer)
+        if own is not None:
+            self.own = own
 
     def read(self) -> dict[str, Any]:
         """This rank's numbers in MiB (run.json `memory.per_rank`; summary.csv takes their range over ranks),
         and with a tracked model the bytes it holds (`held_bytes`)."""
         peak = self.peak_rss_mb()
         cuda = self.device.type == "cuda"
-        held = held_bytes(*self.tracked) if self.tracked is not None else {}
+        held = self.own() or (held_bytes(*self.tracked) if self.tracked is not None else {})
         return {
             **held,
             "rss_before_model_mb": self.rss_before_model_mb,

@@ -497,6 +497,8 @@ def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> list[s
         capped += steps_capped(job, ready)
     for backend, option in (options or {}).items():  # the model is the same at every world size
         backends.get(backend).check_model(ready.workload.build_model, option)
+    for job in jobs:
+        backends.get(job.variant.backend).check_run(job.cfg, (options or {}).get(job.variant.backend))
     from backends import step
 
     for job in {(j.cfg.amp, j.cfg.compile): j for j in jobs}.values():  # e.g. no C++ compiler for --compile

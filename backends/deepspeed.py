@@ -1,0 +1,168 @@
+"""DeepSpeed: its engine (deepspeed.initialize) with ZeRO stage 0-3, over the torch.distributed group DDP joins.
+
+The engine owns the step: `engine.backward(loss)` reduces the gradients (stage 0-1: allreduce; 2: reduce-scatter;
+3: reduce-scatter of gradients whose parameters it gathers per layer), `engine.step()` clips them when the config
+says (gradient_clipping: --clip-grad-norm), steps and zeroes them. fp32 and autocast (--amp bf16: the trainer's
+torch.autocast around forward, parameters and gradients in fp32) are as under the other backends; what
+DeepSpeed would do its own way (its fp16 with its own scaler and fp16 parameters, compile, accumulation) is
+refused in one line (`check_run`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.ddp import DDPBackend, join_process_group
+from benchmarks.config import DeepSpeedConfig, RunConfig
+from benchmarks.errors import InputError
+
+INSTALL_FIX = "make setup, or pip install deepspeed==0.19.8"
+
+
+def import_deepspeed(device_type: str) -> Any:
+    """deepspeed, its accelerator chosen first (it reads DS_ACCELERATOR at import: cpu here, unless set)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device_type == "cuda" else "cpu")
+    import deepspeed
+
+    return deepspeed
+
+
+class DeepSpeedBackend(DDPBackend):
+    name = "deepspeed"
+    launchers = DDPBackend.launchers
+    options: DeepSpeedConfig  # type: ignore[assignment]
+
+    @classmethod
+    def check_available(cls) -> None:
+        if importlib.util.find_spec("deepspeed") is None:
+            raise InputError(f"DeepSpeed is not installed; {INSTALL_FIX}")
+
+    @classmethod
+    def check_run(cls, cfg: RunConfig, options: Any) -> None:
+        refused = {
+            "--amp fp16": cfg.amp == "fp16",  # its fp16 keeps fp16 parameters and a loss scaler of its own
+            "--compile": cfg.compile == "on",
+            "--accumulate above 1": cfg.accumulate > 1,  # its engine counts micro-batches in step() itself
+            "--fp16-allreduce": cfg.fp16_allreduce,
+        }
+        said = [flag for flag, given in refused.items() if given]
+        if said:
+            raise InputError(
+                f"backend deepspeed does not take {', '.join(said)} here (DeepSpeed does it its own way, which would "
+                "not be the same step as the other backends'); leave it out for deepspeed"
+            )
+
+    def init(self) -> None:
+        self.ds = import_deepspeed(self.run.device)
+        self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
+        join_process_group(self, self.dist_backend)  # the engine uses it (dist_init_required=False)
+        self.engine: Any = None
+
+    def config(self) -> dict[str, Any]:
+        """The DeepSpeed config as applied (run.json knobs.config)."""
+        zero: dict[str, Any] = {"stage": self.options.zero_stage}
+        for name in ("reduce_bucket_size", "allgather_bucket_size"):
+            if getattr(self.options, name) is not None:
+                zero[name] = getattr(self.options, name)
+        if self.options.overlap_comm:
+            zero["overlap_comm"] = True
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": self.run.batch_size,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,  # SGD: DeepSpeed tests its own optimizers only
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        if self.run.clip_grad_norm is not None:
+            config["gradient_clipping"] = self.run.clip_grad_norm
+        return config
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        # DeepSpeed: the engine broadcasts rank 0's parameters and wraps the optimizer (ZeRO's, from stage 1).
+        self.engine, ds_optimizer, _, _ = self.ds.initialize(
+            model=model, optimizer=optimizer, config=self.config(), dist_init_required=False
+        )
+        return self.engine, ds_optimizer
+
+    # --- the step: the engine's ------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
+        self.engine.backward(loss)  # DeepSpeed: reduces (or reduce-scatters) the gradients as they are ready
+
+    def optimizer_step(self, model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
+        self.engine.step()  # DeepSpeed: clips (gradient_clipping), steps and zeroes the gradients
+
+    @contextlib.contextmanager
+    def accumulation(self, model: nn.Module, last_micro_batch: bool) -> Iterator[None]:
+        yield  # one micro-batch a step (check_run): every backward is the engine's last
+
+    # --- copies and validation -------------------------------------------------------------------
+    def _gathered(self) -> contextlib.AbstractContextManager[Any]:
+        """Stage 3: every parameter whole on every rank, for as long as the context lasts (a collective)."""
+        if self.options.zero_stage < 3:
+            return contextlib.nullcontext()
+        return self.ds.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
+
+    @contextlib.contextmanager
+    def evaluation(self, model: nn.Module) -> Iterator[None]:
+        # Stage 3 gathers each layer's parameters in forward, a collective: gathered once here, ranks may run
+        # different numbers of validation forwards.
+        with self._gathered():
+            yield
+
+    def full_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
+        fresh = build_model().to(self.device)
+        with self._gathered(), torch.no_grad():
+            own = dict(self.engine.module.named_parameters())
+            for name, param in fresh.named_parameters():
+                param.copy_(own[name].detach())
+            buffers = dict(self.engine.module.named_buffers())
+            for name, buffer in fresh.named_buffers():
+                buffer.copy_(buffers[name])
+        return fresh
+
+    # --- record ----------------------------------------------------------------------------------
+    def held(self) -> dict[str, int] | None:
+        """The training state this rank holds as ZeRO partitions it: parameters (stage 3), gradients (stage
+        2-3) and optimizer state (stage 1-3) a 1/W share each, the rest whole."""
+        stage, world = self.options.zero_stage, self.world_size
+        params = list(self.engine.module.parameters())
+        full = sum(_numel(p) * p.element_size() for p in params)
+        trainable = sum(_numel(p) * p.element_size() for p in params if p.requires_grad)
+        state = [v for s in self.engine.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        state_bytes = sum(v.numel() * v.element_size() for v in state)
+        return {
+            "param_bytes": full // world if stage >= 3 else full,
+            "param_bytes_full": full,
+            "grad_bytes": trainable // world if stage >= 2 else trainable,
+            "grad_bytes_full": trainable,
+            "optimizer_state_bytes": state_bytes,
+            "optimizer_state_bytes_full": state_bytes * world if stage >= 1 else state_bytes,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        zero = self.engine.zero_optimization() if self.engine is not None else None
+        return {
+            "accumulate": self.run.accumulate,
+            "fp16_allreduce": self.run.fp16_allreduce,
+            "dist_backend": self.dist_backend,
+            "zero_stage": self.options.zero_stage,
+            "reduce_bucket_size": self.engine.zero_reduce_bucket_size() if zero else None,
+            "allgather_bucket_size": self.engine.zero_allgather_bucket_size() if zero else None,
+            "overlap_comm": bool(self.engine.zero_overlap_comm()) if zero else False,
+            "schedule": "fsdp" if self.options.zero_stage >= 3 else "ddp",
+            "config": self.config(),
+            "deepspeed": self.ds.__version__,
+        }
+
+
+def _numel(param: torch.Tensor) -> int:
+    """A parameter's whole size, also under stage 3, where the tensor left in the module is empty (ds_numel)."""
+    return int(getattr(param, "ds_numel", param.numel()))
