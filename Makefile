@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml | $(PY)
 	docker/install-system-deps.sh
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	if [ -n '$(TORCH_SPEC)' ]; then $(PY) -m pip install --quiet '$(TORCH_SPEC)'; fi
-	$(PY) -m pip install --quiet -e '.[dev,hf]'
+	$(PY) -m pip install --quiet -e '.[dev,hf,deepspeed]'
 	echo '$(TORCH_SPEC)' > $@
 
 setup: $(STAMP) horovod

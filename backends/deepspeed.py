@@ -11,7 +11,6 @@ refused in one line (`check_run`).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,12 +39,11 @@ class DeepSpeedBackend(DDPBackend):
     options: DeepSpeedConfig  # type: ignore[assignment]
 
     @classmethod
-    def check_available(cls) -> None:
-        if importlib.util.find_spec("deepspeed") is None:
-            raise InputError(f"DeepSpeed is not installed; {INSTALL_FIX}")
-
-    @classmethod
     def check_run(cls, cfg: RunConfig, options: Any) -> None:
+        try:  # imported here, where the run's device is known: DeepSpeed fixes its accelerator at import
+            import_deepspeed(cfg.device)
+        except Exception as exc:  # absent, or an install that cannot import (its message says why)
+            raise InputError(f"DeepSpeed is not installed ({type(exc).__name__}: {exc}); {INSTALL_FIX}") from None
         refused = {
             "--amp fp16": cfg.amp == "fp16",  # its fp16 keeps fp16 parameters and a loss scaler of its own
             "--compile": cfg.compile == "on",

@@ -337,9 +337,7 @@ class DeepSpeedConfig:
 
     def check(self) -> None:
         if self.zero_stage not in ZERO_STAGES:
-            raise InputError(
-                f"--zero-stage must be one of 0, 1, 2 or 3 (DeepSpeed's ZeRO stages), got {self.zero_stage}"
-            )
+            raise InputError(f"--zero-stage must be 0, 1, 2 or 3 (DeepSpeed's ZeRO stages), got {self.zero_stage}")
 
 
 @dataclass

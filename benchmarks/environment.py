@@ -82,6 +82,7 @@ def versions() -> dict[str, str | None]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "horovod": _dist_version("horovod"),
+        "deepspeed": _dist_version("deepspeed"),
         "mpi4py": _dist_version("mpi4py"),
         "mpi": mpi_library_version(),
         "numpy": _dist_version("numpy"),
@@ -118,6 +119,9 @@ def doctor() -> int:
     print(f"{'cpus':>12}: {os.cpu_count()}")
     cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     print(f"{'cuda':>12}: {', '.join(cuda) if cuda else 'no CUDA devices'}")
+    if facts["deepspeed"]:  # what backend deepspeed imports it with (DS_ACCELERATOR, else the run's device)
+        accelerator = os.environ.get("DS_ACCELERATOR") or ("cuda" if cuda else "cpu")
+        print(f"{'deepspeed on':>12}: {accelerator} (DS_ACCELERATOR)")
     build = horovod_build()
     if isinstance(build, str):
         print(f"error: {build}; fix: {HOROVOD_FIX}", file=sys.stderr)

@@ -1,0 +1,92 @@
+"""Backend deepspeed (issue 52): DeepSpeed's engine under real launchers, ZeRO stage 0-3, the same curve as DDP's
+and single's, its held bytes partitioned by stage, and bad input in one line before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.helpers import BIN, REPO, mpirun, no_rank_traceback, our_lines, run_cmd, run_ok, torchrun
+
+COMPARE = [str(BIN / "distbench"), "compare", "--quiet"]
+SHORT = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "20", "--repeats", "1"]
+
+
+def _runs(root: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in root.glob("*/run.json")}
+
+
+def _agreement(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("loss, max abs difference"))
+
+
+@pytest.mark.timeout(300)
+def test_zero_3_trains_the_curve_ddp_and_single_train_and_holds_a_share(tmp_path: Path) -> None:
+    cmd = [*COMPARE, "--backends", "ddp,deepspeed,single", "--zero-stage", "3", *SHORT, "--out", str(tmp_path)]
+    done = run_ok([*cmd, "--run-id", "c"], 240)
+    assert "Decision (" in done.stdout
+    # DDP and ZeRO-3 take the same steps; single's one process sums in another order (fp32 rounding).
+    said = _agreement(done.stdout)
+    assert "train 0.00e+00" in said or float(said.split("train ")[1].split(",")[0]) < 1e-5, said
+    runs = _runs(tmp_path / "c")
+    ds = runs["deepspeed-r0"]
+    assert ds["status"] == "completed" and ds["knobs"]["zero_stage"] == 3 and ds["knobs"]["schedule"] == "fsdp"
+    assert ds["knobs"]["config"]["zero_optimization"]["stage"] == 3
+    held = ds["memory"]["per_rank"][0]
+    for field in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
+        assert held[field] * 2 == held[f"{field}_full"], field  # a half of each on each of 2 ranks
+    ddp = runs["ddp-r0"]["memory"]["per_rank"][0]
+    assert ddp["param_bytes"] == held["param_bytes_full"]
+    rows = pd.read_csv(tmp_path / "c" / "comparison.csv")
+    assert set(rows.variant) == {"ddp@torchrun", "deepspeed@torchrun", "single"}
+
+
+@pytest.mark.full_matrix
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_every_stage_under_mpirun_agrees_with_ddp(tmp_path: Path, stage: int) -> None:
+    cmd = [*COMPARE, "--backends", "ddp@mpirun,deepspeed@mpirun", "--zero-stage", str(stage), *SHORT]
+    done = run_ok([*cmd, "--out", str(tmp_path), "--run-id", "c"], 300)
+    assert "train 0.00e+00, validation 0.00e+00" in _agreement(done.stdout)
+    ds = _runs(tmp_path / "c")["deepspeed-mpirun-r0"]
+    assert ds["launcher"] == "mpirun" and ds["knobs"]["zero_stage"] == stage
+    held = ds["memory"]["per_rank"][0]
+    assert (held["optimizer_state_bytes"] * 2 == held["optimizer_state_bytes_full"]) == (stage >= 1)
+    assert (held["grad_bytes"] * 2 == held["grad_bytes_full"]) == (stage >= 2)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("launcher", "args", "said"),
+    [
+        ("torchrun", ["--zero-stage", "5"], "--zero-stage must be 0, 1, 2 or 3"),
+        ("mpirun", ["--amp", "fp16"], "backend deepspeed does not take --amp fp16"),
+        ("compare", ["--compile"], "backend deepspeed does not take --compile"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, launcher: str, args: list[str], said: str) -> None:
+    run = ["run", "--backend", "deepspeed", "--workload", "mlp", "--out", str(tmp_path)]
+    cmd = {
+        "torchrun": [*torchrun(2), *run],
+        "mpirun": [*mpirun(2), *run],
+        "compare": [*COMPARE, "--backends", "ddp,deepspeed", "--workload", "mlp", "--out", str(tmp_path)],
+    }[launcher]
+    done = run_cmd([*cmd, *args], 100)
+    assert done.returncode == (1 if launcher == "torchrun" else 2), done.stderr[-2000:]  # torchrun's own 1
+    ours = our_lines(done.stdout + done.stderr)
+    assert len(ours) == 1 and said in ours[0], done.stderr[-2000:]
+    no_rank_traceback(done.stdout + done.stderr)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_without_deepspeed_installed_the_fix_is_named(tmp_path: Path) -> None:
+    (tmp_path / "shadow" / "deepspeed").mkdir(parents=True)
+    (tmp_path / "shadow" / "deepspeed" / "__init__.py").write_text("raise ImportError('no deepspeed here')\n")
+    cmd = [*COMPARE, "--backends", "ddp,deepspeed", *SHORT, "--out", str(tmp_path / "o")]
+    done = run_cmd(cmd, 100, PYTHONPATH=f"{tmp_path / 'shadow'}:{REPO}")
+    assert done.returncode == 2 and "DeepSpeed is not installed (ImportError" in done.stderr
+    assert done.stderr.strip().endswith("make setup, or pip install deepspeed==0.19.8")
