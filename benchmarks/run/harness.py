@@ -19,12 +19,12 @@ import datetime
 import os
 import re
 import secrets
-import traceback
 import shutil
 import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
