@@ -48,5 +48,5 @@ def test_unknown_workload_lists_known_ones() -> None:
 def test_unknown_backend_lists_known_ones() -> None:
     import backends
 
-    with pytest.raises(ValueError, match="known: ddp, horovod, fsdp, single"):
+    with pytest.raises(ValueError, match="known: ddp, horovod, fsdp, deepspeed, single"):
         backends.get("mxnet")

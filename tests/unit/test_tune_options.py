@@ -19,7 +19,8 @@ def test_the_default_grid_file_is_the_default_grid() -> None:
 def test_a_grid_file_replaces_the_tables_it_has() -> None:
     grid = tune.load_grid(str(GRIDS / "quick.toml"))
     assert grid["ddp"] == {"bucket_cap_mb": [5.0, 25.0], "gradient_as_bucket_view": [False, True]}
-    assert [len(tune.grid_points(g)) for g in grid.values()] == [4, 4]
+    assert [len(tune.grid_points(grid[b])) for b in ("ddp", "horovod")] == [4, 4]
+    assert grid["deepspeed"] == tune.DEFAULT_GRID["deepspeed"]  # a backend the file leaves out keeps its own
     points = tune.grid_points({"a": [1, 2], "b": [True, False]})
     assert points == [{"a": 1, "b": True}, {"a": 1, "b": False}, {"a": 2, "b": True}, {"a": 2, "b": False}]
 
