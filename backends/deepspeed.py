@@ -147,7 +147,13 @@ class DeepSpeedBackend(DDPBackend):
 
     def describe(self) -> dict[str, Any]:
         zero = self.engine.zero_optimization() if self.engine is not None else None
+        # The projection's DDP schedule reads a bucket in MB: ZeRO's reduce bucket (elements of fp32 gradients);
+        # stage 0 allreduces every gradient after backward, in DeepSpeed's own buckets of the same size.
+        elements = self.engine.zero_reduce_bucket_size() if zero else 500_000_000
+        bucket_mb = elements * 4 / 2**20
         return {
+            "bucket_cap_mb": bucket_mb,
+            "first_bucket_mb": bucket_mb,
             "accumulate": self.run.accumulate,
             "fp16_allreduce": self.run.fp16_allreduce,
             "dist_backend": self.dist_backend,
