@@ -41,7 +41,8 @@ class Declared:
     """tune's default grid: its own options' fields, each with the values to sweep."""
     allreduce: str | None = None
     """The `distbench allreduce` implementation that carries its gradient reduction, over run.json `knobs`
-    (`torch-{dist_backend}`); None where none does."""
+    (`torch-{dist_backend}`): the report's "why" says what that allreduce costs alone; None where its gradients
+    are not allreduced (FSDP2 reduce-scatters)."""
     schedule: str | None = None
     """The projection's schedule for it (benchmarks.analysis.schedule: `ddp`, `horovod`, `fsdp`), over run.json
     `knobs` as `allreduce` is (a backend whose schedule depends on its options records it); None: not projected."""
@@ -49,6 +50,9 @@ class Declared:
     """What shares the cores with its compute, for the report's "why" ('' for nothing of its own)."""
     one_process: bool = False
     """Always one process, whatever --nproc or launcher the others get."""
+    collectives: str | None = None
+    """The `distbench allreduce` implementation whose fitted costs the projection gives its collectives
+    (all-gather, reduce-scatter), over `knobs`; None: `allreduce`'s."""
 
     def allreduce_of(self, knobs: Mapping[str, Any]) -> str | None:
         """`allreduce` filled from a run's knobs (gloo where the run recorded no process-group backend)."""
@@ -56,6 +60,9 @@ class Declared:
 
     def schedule_of(self, knobs: Mapping[str, Any]) -> str | None:
         return _filled(self.schedule, knobs)
+
+    def collectives_of(self, knobs: Mapping[str, Any]) -> str | None:
+        return _filled(self.collectives, knobs) or self.allreduce_of(knobs)
 
 
 def _filled(template: str | None, knobs: Mapping[str, Any]) -> str | None:
@@ -137,9 +144,10 @@ register(
         tuple(_variant("fsdp", lau) for lau in (launch.TORCHRUN, launch.MPIRUN, launch.SRUN)),
         config.FSDPConfig,
         {},
-        "torch-{dist_backend}",
+        None,
         "fsdp",
         "FSDP2's own work per step (its hooks, copies and DTensor optimizer) and gloo's threads",
+        collectives="torch-{dist_backend}",
     )
 )
 register(
@@ -148,10 +156,11 @@ register(
         "backends.deepspeed:DeepSpeedBackend",
         tuple(_variant("deepspeed", lau) for lau in (launch.TORCHRUN, launch.MPIRUN, launch.SRUN)),
         config.DeepSpeedConfig,
-        {"reduce_bucket_size": [5_000_000, 50_000_000, 500_000_000], "overlap_comm": [False, True]},
-        "torch-{dist_backend}",
+        {"zero_stage": [0, 1, 2, 3]},  # the stage decides its collectives; its buckets apply from stage 1
+        "{allreduce_impl}",  # stage 0-1 allreduce the gradients; 2-3 reduce-scatter them (run.json knobs)
         "{schedule}",  # stage 0-2: gradients bucketed as DDP's; 3: per-layer gathers as FSDP2's (run.json knobs)
         "DeepSpeed's engine work per step (its hooks and bucket copies) and gloo's threads",
+        collectives="torch-{dist_backend}",
     )
 )
 register(

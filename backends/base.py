@@ -142,7 +142,7 @@ class Backend(step.Recipe, ABC, Generic[Options]):
         """Rank 0, after training: knobs the framework chose while it ran (Horovod's autotuner), for run.json."""
         return {}
 
-    def held(self) -> dict[str, int] | None:
+    def held_state(self) -> dict[str, int] | None:
         """After training: the bytes of training state this rank holds (run.json memory.per_rank's HELD_FIELDS and
         their `_full` twins) where the framework keeps them outside the model's parameters and the optimizer's
         state (DeepSpeed's ZeRO partitions); None: counted from those."""

@@ -116,7 +116,8 @@ class DeepSpeedBackend(DDPBackend):
             yield
 
     def full_copy(self, model: nn.Module, build_model: Callable[[], nn.Module]) -> nn.Module:
-        fresh = build_model().to(self.device)
+        with torch.random.fork_rng(devices=[]):  # training's random stream is not drawn from
+            fresh = build_model().to(self.device)
         with self._gathered(), torch.no_grad():
             own = dict(self.engine.module.named_parameters())
             for name, param in fresh.named_parameters():
@@ -127,7 +128,7 @@ class DeepSpeedBackend(DDPBackend):
         return fresh
 
     # --- record ----------------------------------------------------------------------------------
-    def held(self) -> dict[str, int] | None:
+    def held_state(self) -> dict[str, int] | None:
         """The training state this rank holds as ZeRO partitions it: parameters (stage 3), gradients (stage
         2-3) and optimizer state (stage 1-3) a 1/W share each, the rest whole."""
         stage, world = self.options.zero_stage, self.world_size
@@ -162,6 +163,7 @@ class DeepSpeedBackend(DDPBackend):
             "allgather_bucket_size": self.engine.zero_allgather_bucket_size() if zero else None,
             "overlap_comm": bool(self.engine.zero_overlap_comm()) if zero else False,
             "schedule": "fsdp" if self.options.zero_stage >= 3 else "ddp",
+            "allreduce_impl": f"torch-{self.dist_backend}" if self.options.zero_stage <= 1 else None,
             "config": self.config(),
             "deepspeed": self.ds.__version__,
         }

@@ -336,8 +336,19 @@ class DeepSpeedConfig:
     )
 
     def check(self) -> None:
+        """Refuse a stage DeepSpeed lacks, and a knob the stage leaves unused."""
         if self.zero_stage not in ZERO_STAGES:
             raise InputError(f"--zero-stage must be 0, 1, 2 or 3 (DeepSpeed's ZeRO stages), got {self.zero_stage}")
+        inert = {
+            "--reduce-bucket-size": self.reduce_bucket_size is not None and self.zero_stage == 0,
+            "--overlap-comm": self.overlap_comm and self.zero_stage == 0,
+            "--allgather-bucket-size": self.allgather_bucket_size is not None and self.zero_stage in (0, 3),
+        }
+        if said := [flag for flag, unused in inert.items() if unused]:
+            raise InputError(
+                f"{', '.join(said)} cannot affect --zero-stage {self.zero_stage} (ZeRO's buckets and overlap apply "
+                "from stage 1, its all-gather bucket at stages 1-2); give a stage that uses them, or leave them out"
+            )
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 import backends
-from benchmarks.analysis import collectives, costmodel, decision, load, rundir, schedule, stats, why
+from benchmarks.analysis import collectives, costmodel, decision, load, rundir, schedule, stats
 from benchmarks.analysis.costmodel import Fit
 from benchmarks.errors import InputError
 from benchmarks.run import collectives as rank_side
@@ -123,7 +123,7 @@ def inputs(path: Path) -> list[Inputs]:
                 meta["global_batch"] / world,
                 meta.get("knobs") or {},
                 k,
-                why.impl_of(meta),
+                backends.DECLARED[meta["backend"]].collectives_of(meta.get("knobs") or {}),
                 str(meta.get("config", {}).get("device", "cpu")),
                 [float(b["step_s"]) for b in baselines],
                 float(np.median([b["forward_s"] for b in baselines])) / k,

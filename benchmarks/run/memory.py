@@ -127,7 +127,7 @@ class Meter:
         own: Callable[[], dict[str, int] | None] | None = None,
     ) -> None:
         """The (unwrapped) model and the optimizer whose held bytes `read` adds; `own`, the framework's own count
-        where it keeps the state elsewhere (Backend.held)."""
+        where it keeps the state elsewhere (Backend.held_state)."""
         self.tracked = (model, optimizer)
         if own is not None:
             self.own = own

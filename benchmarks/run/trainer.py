@@ -67,7 +67,7 @@ class Trainer:
         optimizer = make_optimizer(self.raw_model, cfg, workload)
         self.optimizer_meta = describe_optimizer(optimizer)
         self.training = stepper.trained(*backend.prepare(self.raw_model, optimizer), backend, cfg)
-        self.memory.track(self.raw_model, self.training.optimizer, backend.held)
+        self.memory.track(self.raw_model, self.training.optimizer, backend.held_state)
         self.autocast = step_options.autocast(cfg, self.device)
         self.warmup = stepper.Warmup(cfg, lambda mine: int(self._agree_max(mine)))
         self.train_feed = data.TrainFeed(workload.train, cfg, backend.rank, backend.world_size, self.device)

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import backends
 from benchmarks import environment, launch
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
@@ -308,7 +309,10 @@ def forwarded() -> dict[str, str]:
     left out): handed to the ranks on other hosts too, which ssh and mpirun would not do, so that every rank
     runs under the same settings as the first host's."""
     recorded = environment.recorded_variables(os.environ)
-    return {k: os.environ[k] for k, v in recorded.items() if v != environment.REDACTED and k in os.environ}
+    found = {k: os.environ[k] for k, v in recorded.items() if v != environment.REDACTED and k in os.environ}
+    # What makes a rank elsewhere a rank of this compare too: the backends declared by a module of one's own
+    # and DeepSpeed's accelerator.
+    return found | {k: os.environ[k] for k in (backends.PLUGINS_ENV, "DS_ACCELERATOR") if k in os.environ}
 
 
 def launcher_command(variant: Variant, nproc: int) -> list[str]:

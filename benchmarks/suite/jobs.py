@@ -313,12 +313,12 @@ _noise_said = threading.Event()
 def _without_noise(data: bytes) -> tuple[bytes, bytes]:
     """`data`'s complete lines less the `NOISE` ones, and the start of a line still to come (held back until its
     end, or the stream's). The first noise line of this process is replaced by `NOISE_WORDS`, the rest dropped."""
-    body, newline, held = data.rpartition(b"\n")
-    complete = body + newline
+    end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1  # a bar redrawn with \r (a rank on a pty) ends there
+    complete, held = data[:end], data[end:]
     if not NOISE.search(complete):
         return complete, held
     kept = []
-    for line in complete.splitlines(keepends=True):
+    for line in complete.splitlines(keepends=True):  # \r, \n and \r\n each end a line, kept as they came
         if not NOISE.search(line):
             kept.append(line)
         elif not _noise_said.is_set():

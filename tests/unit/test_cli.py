@@ -58,7 +58,10 @@ def dataset_of_inputs(seed, train_size=None, val_size=None):
 """
 
 BAD_INPUT = {
-    "unknown backend": (["--backend", "tensorflow"], "unknown backend 'tensorflow'; known: ddp, horovod, fsdp, deepspeed, single"),
+    "unknown backend": (
+        ["--backend", "tensorflow"],
+        "unknown backend 'tensorflow'; known: ddp, horovod, fsdp, deepspeed, single",
+    ),
     "unknown workload": (["--workload", "resnet9000"], "unknown workload 'resnet9000'; known:"),
     "zero batch": (["--batch-size", "0"], "--batch-size must be a positive integer"),
     "negative train size": (["--train-size", "-5"], "--train-size must be a positive integer"),

@@ -22,7 +22,7 @@ What is checked, per fenced block (the marker is an HTML comment on the line rig
   what that check prints, run in-process on the committed references.
 
 And: the option tables of `distbench run` and `distbench allreduce` in docs/commands.md are
-`python -m benchmarks.config`'s output, verbatim; every `| option | default | meaning |` table names
+`python -m backends`'s output, verbatim; every `| option | default | meaning |` table names
 options of the command of its section, with the parser's numeric defaults; commands.md mentions every
 option of every command; relative links and their #anchors resolve; README keeps `make demo` and
 `make test` in its first block and stays a front page.
@@ -138,7 +138,7 @@ def options_of(name: str) -> dict[str, argparse.Action]:
 
 @pytest.mark.parametrize("table", ["option_table", "allreduce_option_table"])
 def test_generated_option_tables_are_the_dataclasses(table: str) -> None:
-    """docs/commands.md holds `python -m benchmarks.config`'s tables verbatim; paste them again after a change."""
+    """docs/commands.md holds `python -m backends`'s tables verbatim; paste them again after a change."""
     made = config.option_table(backends.NAMES) if table == "option_table" else config.allreduce_option_table()
     assert made in (REPO / "docs" / "commands.md").read_text(), (
         f"docs/commands.md: a table differs from benchmarks.config.{table}() (`python -m backends` prints it); "

@@ -36,3 +36,8 @@ def test_a_ranks_lines_stay_whole_under_open_mpis_tag_output() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [f"[1,0]<stderr>:line {i}" for i in range(20)]
+
+
+def test_a_bar_redrawn_with_carriage_returns_passes_as_it_is_drawn() -> None:
+    kept, held = jobs._without_noise(b"bar 1/3\rbar 2/3\rbar 3")
+    assert kept == b"bar 1/3\rbar 2/3\r" and held == b"bar 3"
