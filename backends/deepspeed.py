@@ -35,7 +35,6 @@ def import_deepspeed(device_type: str) -> Any:
 
 class DeepSpeedBackend(DDPBackend):
     name = "deepspeed"
-    launchers = DDPBackend.launchers
     options: DeepSpeedConfig  # type: ignore[assignment]
 
     @classmethod
