@@ -78,15 +78,18 @@ class DeepSpeedBackend(DDPBackend):
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
-        if self.run.clip_grad_norm is not None:
-            config["gradient_clipping"] = self.run.clip_grad_norm
+        # DeepSpeed clips at a total norm of 1.0 unless told (GRADIENT_CLIPPING_DEFAULT): unclipped, as the others
+        # are, unless --clip-grad-norm says. 0 turns its clipping off.
+        config["gradient_clipping"] = self.run.clip_grad_norm if self.run.clip_grad_norm is not None else 0.0
         return config
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         # DeepSpeed: the engine broadcasts rank 0's parameters and wraps the optimizer (ZeRO's, from stage 1).
-        self.engine, ds_optimizer, _, _ = self.ds.initialize(
-            model=model, optimizer=optimizer, config=self.config(), dist_init_required=False
-        )
+        # Its start draws random numbers; the training's stream (dropout's masks) must be the others'.
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self.engine, ds_optimizer, _, _ = self.ds.initialize(
+                model=model, optimizer=optimizer, config=self.config(), dist_init_required=False
+            )
         return self.engine, ds_optimizer
 
     # --- the step: the engine's ------------------------------------------------------------------
