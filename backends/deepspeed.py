@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,6 +58,11 @@ class DeepSpeedBackend(DDPBackend):
             )
 
     def init(self) -> None:
+        # ZeRO-3 calls torch's all_gather_into_tensor and reduce_scatter_tensor, which this torch deprecates with a
+        # FutureWarning at every call: thousands of lines a compare, about DeepSpeed's code, nothing a user can act on.
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+        )
         self.ds = import_deepspeed(self.run.device)
         self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
         join_process_group(self, self.dist_backend)  # the engine uses it (dist_init_required=False)

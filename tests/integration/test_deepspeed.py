@@ -28,6 +28,7 @@ def test_zero_3_trains_the_curve_ddp_and_single_train_and_holds_a_share(tmp_path
     cmd = [*COMPARE, "--backends", "ddp,deepspeed,single", "--zero-stage", "3", *SHORT, "--out", str(tmp_path)]
     done = run_ok([*cmd, "--run-id", "c"], 240)
     assert "Decision (" in done.stdout
+    assert "is deprecated" not in done.stderr  # ZeRO-3's torch deprecation warnings, once per collective
     # DDP and ZeRO-3 take the same steps; single's one process sums in another order (fp32 rounding).
     said = _agreement(done.stdout)
     assert "train 0.00e+00" in said or float(said.split("train ")[1].split(",")[0]) < 1e-5, said
