@@ -90,6 +90,10 @@ def test_the_final_lines_repeat_the_pilots_plan_and_give_no_other_count() -> Non
     lines = decision_words.words({"plan": plan, "setups": [setup]})
     text = "\n".join(lines)
     assert plan["advice"] in text and "58 runs" not in text and "the plan the pilot gave" in text
+    # Decided after all (the pilot's spreads were wide by chance): no "cannot decide" beside a decision.
+    settled = {**setup, "status": "resolved", "alternatives": [{**setup["alternatives"][0], "status": "resolved"}]}
+    text = "\n".join(decision_words.words({"plan": plan, "setups": [settled]}))
+    assert plan["advice"] not in text and "decided within the budget" in text
 
 
 def test_the_time_line_says_what_each_job_spends_outside_its_window() -> None:
