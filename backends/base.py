@@ -38,9 +38,10 @@ class Backend(step.Recipe, ABC, Generic[Options]):
         return None
 
     @classmethod
-    def check_run(cls, cfg: RunConfig, options: Options) -> None:
+    def check_run(cls, cfg: RunConfig, options: Options) -> str | None:
         """Raise InputError for a run option this backend cannot apply as the others do (one line, before any
-        process group). Most backends take every option."""
+        process group), and do what each machine needs once before its ranks start (DeepSpeed builds an op);
+        returns a start-up line saying what it did, or None. Most backends take every option and need nothing."""
         return None
 
     @classmethod

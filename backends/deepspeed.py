@@ -5,15 +5,21 @@ The engine owns the step: `engine.backward(loss)` reduces the gradients (stage 0
 says (gradient_clipping: --clip-grad-norm), steps and zeroes them. fp32 and autocast (--amp bf16: the trainer's
 torch.autocast around forward, parameters and gradients in fp32) are as under the other backends; what
 DeepSpeed would do its own way (its fp16 with its own scaler and fp16 parameters, compile, accumulation) is
-refused in one line (`check_run`).
+refused in one line (`check_run`). On CPU DeepSpeed's comm builds a shared-memory op at start (a C++ build of
+about 25 s): `check_run` builds it first, once per machine and cached, so no rank builds it in a job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
+import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,12 +40,48 @@ def import_deepspeed(device_type: str) -> Any:
     return deepspeed
 
 
+BUILD_LOG = Path(tempfile.gettempdir()) / "distbench-deepspeed-op-build.log"
+
+
+@functools.cache
+def build_op(device_type: str) -> str | None:
+    """DeepSpeed's shared-memory op, which its comm loads at start on CPU: built here (or found in torch's
+    extension cache) before any rank starts; the start-up line saying so, None where DeepSpeed builds nothing."""
+    ds = import_deepspeed(device_type)
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not ds.ops.__compatible_ops__.get(builder.NAME, False):
+        return None
+    started = time.monotonic()
+    # torch's warnings about the compiler go to the build's log with its error, not into the start-up lines.
+    torch_log, to_file = logging.getLogger("torch.utils.cpp_extension"), logging.FileHandler(BUILD_LOG, mode="w")
+    torch_log.addHandler(to_file)
+    torch_log.propagate = False
+    try:
+        module = builder.load(verbose=False)
+    except Exception as exc:  # torch's build error carries the compiler's output: kept in the log, not the line
+        to_file.stream.write(f"{type(exc).__name__}: {exc}\n")
+        raise InputError(
+            f"DeepSpeed's shared-memory op ({builder.NAME}) did not build: see {BUILD_LOG}; it needs a C++ "
+            "compiler (apt install g++, or set CXX)"
+        ) from None
+    finally:
+        torch_log.removeHandler(to_file)
+        torch_log.propagate = True
+        to_file.close()
+    took = time.monotonic() - started
+    how = f"built in {took:.0f} s" if took > 2 else "found built"
+    where = Path(module.__file__).parent
+    return f"deepspeed: its shared-memory op {how}, cached for every run on this machine ({where})"
+
+
 class DeepSpeedBackend(DDPBackend):
     name = "deepspeed"
     options: DeepSpeedConfig  # type: ignore[assignment]
 
     @classmethod
-    def check_run(cls, cfg: RunConfig, options: Any) -> None:
+    def check_run(cls, cfg: RunConfig, options: Any) -> str | None:
         try:  # imported here, where the run's device is known: DeepSpeed fixes its accelerator at import
             import_deepspeed(cfg.device)
         except Exception as exc:  # absent, or an install that cannot import (its message says why)
@@ -56,6 +98,7 @@ class DeepSpeedBackend(DDPBackend):
                 f"backend deepspeed does not take {', '.join(said)} here (DeepSpeed does it its own way, which would "
                 "not be the same step as the other backends'); leave it out for deepspeed"
             )
+        return build_op(cfg.device)  # after the refusals: bad input is said before a build of 25 s
 
     def init(self) -> None:
         # ZeRO-3 calls torch's all_gather_into_tensor and reduce_scatter_tensor, which this torch deprecates with a

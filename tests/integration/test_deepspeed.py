@@ -95,3 +95,32 @@ def test_without_deepspeed_installed_the_fix_is_named(tmp_path: Path) -> None:
     done = run_cmd(cmd, 100, PYTHONPATH=f"{tmp_path / 'shadow'}:{REPO}")
     assert done.returncode == 2 and "DeepSpeed is not installed (ImportError" in done.stderr
     assert done.stderr.strip().endswith("make setup, or pip install deepspeed==0.19.8")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("launcher", ["compare", "mpirun"])
+def test_an_op_that_cannot_build_is_one_line_with_its_log(tmp_path: Path, launcher: str) -> None:
+    # A fresh extension cache and no compiler: DeepSpeed's op must build, and cannot.
+    env = {"CXX": str(tmp_path / "no-such-c++"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    out = tmp_path / "o"
+    cmd = {
+        "compare": [*COMPARE, "--backends", "ddp,deepspeed", *SHORT, "--out", str(out)],
+        "mpirun": [*mpirun(2), "run", "--backend", "deepspeed", "--workload", "mlp", "--out", str(out)],
+    }[launcher]
+    done = run_cmd(cmd, 150, **env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    said = done.stdout + done.stderr
+    ours = our_lines(said)
+    assert len(ours) == 1 and "shared-memory op (deepspeed_shm_comm) did not build: see " in ours[0], said[-2000:]
+    log = Path(ours[0].split("see ")[1].split(";")[0])
+    assert "no-such-c++" in log.read_text()  # the compiler's own words, kept in the log
+    assert "WARNING" not in said and not out.exists()
+    no_rank_traceback(said)
+
+
+@pytest.mark.timeout(120)
+def test_compare_says_the_op_is_built_before_any_job(tmp_path: Path) -> None:
+    cmd = [*COMPARE, "--backends", "ddp,deepspeed", *SHORT, "--out", str(tmp_path)]
+    done = run_ok(cmd, 100)
+    head = done.stderr.split("[compare")[0]  # the start-up lines, before the first job
+    assert "deepspeed: its shared-memory op " in head and "cached for every run on this machine" in head
