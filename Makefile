@@ -88,7 +88,7 @@ test-docker: setup
 image-cuda:
 	BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04 docker/build-image.sh distbench:cuda \
 	    --build-arg BUILD_BASE=nvidia/cuda:12.8.1-devel-ubuntu22.04 \
-	    --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128
+	    --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 --build-arg DS_ACCELERATOR=cuda
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

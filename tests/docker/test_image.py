@@ -118,6 +118,24 @@ def test_compare_as_an_unknown_user_decides_and_leaves_its_files_to_that_user(im
 
 
 @pytest.mark.timeout(900)
+def test_deepspeed_runs_in_the_image_with_its_op_built_in(image: str, tmp_path: Path) -> None:
+    # The runtime stage has no compiler: DeepSpeed's shared-memory op must come built with the image.
+    assert _run("--network", "none", image, "sh", "-c", "command -v c++ g++").returncode != 0
+    doctor = _run("--network", "none", image)
+    assert re.search(r"deepspeed\b.*0\.19\.8", doctor.stdout), doctor.stdout
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chown(out, 1234, 1234)
+    proc = _run(
+        "--network", "none", "--user", USER, "-v", f"{out}:/out", image,
+        "distbench", "compare", "--backends", "ddp,deepspeed", "--zero-stage", "2", *SHORT, "--out", "/out",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "deepspeed: its shared-memory op found built" in proc.stderr, proc.stderr[-3000:]
+    assert "train 0.00e+00" in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.timeout(900)
 def test_out_not_on_a_mount_is_said_once(image: str) -> None:
     run = ["distbench", "run", "--backend", "single", "--workload", "linear", "--epochs", "1", "--quiet"]
     proc = _run("--network", "none", image, *run, "--steps-per-epoch", "2", "--warmup-steps", "1", "--out", "/tmp/r")
