@@ -107,6 +107,8 @@ class DeepSpeedBackend(DDPBackend):
             "ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
         )
         self.ds = import_deepspeed(self.run.device)
+        # DeepSpeed: the engine reads LOCAL_RANK (torchrun's) or Open MPI's own; srun and MPICH set neither.
+        os.environ.setdefault("LOCAL_RANK", str(self.launch.local_rank))
         self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
         join_process_group(self, self.dist_backend)  # the engine uses it (dist_init_required=False)
         self.engine: Any = None

@@ -24,7 +24,7 @@ from tests.slurm_cluster import SlurmCluster
 RUN = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "6", "--warmup-steps", "1", "--quiet"]
 COMPARE_FAST = ["--workload", "mlp", "--steps-per-epoch", "6", "--warmup-steps", "1", "--repeats", "2", "--quiet"]
 LONG = ["--workload", "linear", "--epochs", "60", "--warmup-steps", "1", "--compute-baseline-steps", "0", "--quiet"]
-MPI = {"ddp": [], "fsdp": [], "horovod": ["--mpi=pmix"]}
+MPI = {"ddp": [], "fsdp": [], "horovod": ["--mpi=pmix"], "deepspeed": []}
 EVERY_SRUN = "ddp@srun,fsdp@srun,horovod@srun"
 
 
@@ -44,11 +44,11 @@ def _ranks_of(marker: str) -> list[str]:
     ]
 
 
-# A plain run under srun: `make test` runs horovod (MPI through pmix); ddp and fsdp run under srun in
-# `make test` as the sbatch compare's steps, and as plain runs here in `make test-all` (`full_matrix`).
+# A plain run under srun: `make test` runs horovod (MPI through pmix) and deepspeed (srun nowhere else); ddp and
+# fsdp run under srun in `make test` as the sbatch compare's steps, and as plain runs here in `make test-all`.
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "backend", [pytest.param(b, marks=pytest.mark.full_matrix) for b in ("ddp", "fsdp")] + ["horovod"]
+    "backend", [pytest.param(b, marks=pytest.mark.full_matrix) for b in ("ddp", "fsdp")] + ["horovod", "deepspeed"]
 )
 def test_every_backend_runs_under_srun(tmp_path, slurm, backend: str, horovod_available) -> None:
     srun = ["srun", "-n", "2", *MPI[backend]]
@@ -62,6 +62,8 @@ def test_every_backend_runs_under_srun(tmp_path, slurm, backend: str, horovod_av
     assert [r["cpu_count"] for r in meta["placement"]["per_rank"]] == [1, 1]
     if backend == "horovod":
         assert meta["knobs"]["controller"] == "mpi"
+    if backend == "deepspeed":
+        assert meta["knobs"]["zero_stage"] == 0 and meta["knobs"]["config"]["zero_optimization"]["stage"] == 0
     assert len(pd.read_csv(tmp_path / "r" / "timing.csv")) > 0
 
 
