@@ -215,6 +215,11 @@ class DeepSpeedBackend(DDPBackend):
             "reduce_bucket_size": self.engine.zero_reduce_bucket_size() if zero else None,
             "allgather_bucket_size": self.engine.zero_allgather_bucket_size() if zero else None,
             "overlap_comm": bool(self.engine.zero_overlap_comm()) if zero else False,
+            # Stage 0 allreduces after backward; stages 1-2 reduce in backward's hooks, blocking it unless
+            # overlap_comm gives them a stream of their own (a CUDA one: on CPU its streams do not run apart).
+            "grads_overlap_backward": bool(
+                zero and self.options.zero_stage <= 2 and self.engine.zero_overlap_comm() and self.device.type == "cuda"
+            ),
             "schedule": "fsdp" if self.options.zero_stage >= 3 else "ddp",
             "allreduce_impl": f"torch-{self.dist_backend}" if self.options.zero_stage <= 1 else None,
             "config": self.config(),

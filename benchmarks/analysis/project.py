@@ -223,6 +223,7 @@ def simulate(item: Inputs, costs: Costs, n: int, end: str = "cost", overlap: boo
         # first_bucket_mb; runs from before it was recorded were always given a cap).
         cap = knob(item, "bucket_cap_mb", 25.0)
         first = knob(item, "first_bucket_mb", cap)
+        overlap = overlap and bool(item.knobs.get("grads_overlap_backward", True))  # DeepSpeed's records it
         return schedule.ddp(grads, item.backward_s, wire("allreduce"), cap, overlap, first_bucket_mb=first, cpu=cpu)
     if item.schedule == "horovod":
         # A given link has no agreement in it; Horovod's own sweep does (its fit's α), so none is added to it.

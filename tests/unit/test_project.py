@@ -252,3 +252,20 @@ def test_a_report_over_two_projected_compares_shows_both(tmp_path: Path) -> None
     assert by_source == {str(roots[0]): [2, 8], str(roots[1]): [2, 16]}
     alone = projection_view.report_section([roots[0], tmp_path / "nothing"], tmp_path / "out-one")
     assert alone is not None and [p.name for p in alone[0]] == [project.FIGURE] and "source" not in alone[1]
+
+
+def test_deepspeeds_reduction_in_backward_is_exposed_unless_it_runs_apart() -> None:
+    # ZeRO 1-2 reduce in backward's hooks and block it (overlap_comm off, or on CPU): nothing of it hides.
+    g = grads(4, MB, 0.04)
+    link = project.Costs(link=costmodel.link(10**9, 0.0, "1gbit"))
+
+    def item(overlapped: bool) -> project.Inputs:
+        knobs = {"bucket_cap_mb": 1.0, "first_bucket_mb": 1.0, "grads_overlap_backward": overlapped}
+        return project.Inputs(
+            "deepspeed@torchrun", "deepspeed", "ddp", "mlp", 2, 16, knobs, 1, "torch-gloo", "cpu",
+            [0.06], 0.02, 0.04, g, [], [0.07],
+        )  # fmt: skip
+
+    apart, blocking = (project.simulate(item(o), link, 2) for o in (True, False))
+    assert apart is not None and blocking is not None
+    assert blocking.exposed_s == pytest.approx(blocking.comm_s) and apart.exposed_s < blocking.exposed_s
