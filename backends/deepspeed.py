@@ -215,8 +215,8 @@ class DeepSpeedBackend(DDPBackend):
             "reduce_bucket_size": self.engine.zero_reduce_bucket_size() if zero else None,
             "allgather_bucket_size": self.engine.zero_allgather_bucket_size() if zero else None,
             "overlap_comm": bool(self.engine.zero_overlap_comm()) if zero else False,
-            # Stage 0 allreduces after backward; stages 1-2 reduce in backward's hooks, blocking it unless
-            # overlap_comm gives them a stream of their own (a CUDA one: on CPU its streams do not run apart).
+            # Stages 0-1 reduce after backward, stage 2 in backward's hooks, blocking it; overlap_comm (stages
+            # 1-2) reduces in hooks on a stream of their own: a CUDA one, on CPU its streams do not run apart.
             "grads_overlap_backward": bool(
                 zero and self.options.zero_stage <= 2 and self.engine.zero_overlap_comm() and self.device.type == "cuda"
             ),
