@@ -6,7 +6,7 @@ says (gradient_clipping: --clip-grad-norm), steps and zeroes them. fp32 and auto
 torch.autocast around forward, parameters and gradients in fp32) are as under the other backends; what
 DeepSpeed would do its own way (its fp16 with its own scaler and fp16 parameters, compile, accumulation) is
 refused in one line (`check_run`). On CPU DeepSpeed's comm builds a shared-memory op at start (a C++ build of
-about 25 s): `check_run` builds it first, once per machine and cached, so no rank builds it in a job.
+about 25 s): `check_run` builds it first (compare: on its own machine, before any job), cached.
 """
 
 from __future__ import annotations
@@ -40,40 +40,43 @@ def import_deepspeed(device_type: str) -> Any:
     return deepspeed
 
 
-BUILD_LOG = Path(tempfile.gettempdir()) / "distbench-deepspeed-op-build.log"
+def build_log() -> Path:
+    """This process's log of a failed op build: its own, as every rank of a `run` builds (waiting on torch's lock)."""
+    return Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-build-{os.getuid()}-{os.getpid()}.log"
 
 
 @functools.cache
 def build_op(device_type: str) -> str | None:
-    """DeepSpeed's shared-memory op, which its comm loads at start on CPU: built here (or found in torch's
-    extension cache) before any rank starts; the start-up line saying so, None where DeepSpeed builds nothing."""
+    """DeepSpeed's shared-memory op, which its comm loads at start on CPU: built here (or found built, in torch's
+    extension cache or in DeepSpeed's install) before this machine's ranks start; the start-up line saying so, None
+    where DeepSpeed builds nothing."""
     ds = import_deepspeed(device_type)
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is None or not ds.ops.__compatible_ops__.get(builder.NAME, False):
         return None
-    started = time.monotonic()
+    started, log = time.time(), build_log()
     # torch's warnings about the compiler go to the build's log with its error, not into the start-up lines.
-    torch_log, to_file = logging.getLogger("torch.utils.cpp_extension"), logging.FileHandler(BUILD_LOG, mode="w")
-    torch_log.addHandler(to_file)
-    torch_log.propagate = False
+    torch_log, to_file = logging.getLogger("torch.utils.cpp_extension"), logging.FileHandler(log, delay=True)
     try:
+        torch_log.addHandler(to_file)
+        torch_log.propagate = False
         module = builder.load(verbose=False)
     except Exception as exc:  # torch's build error carries the compiler's output: kept in the log, not the line
-        to_file.stream.write(f"{type(exc).__name__}: {exc}\n")
+        log.write_text(f"{type(exc).__name__}: {exc}\n")
+        said = str(exc).split(": [")[0].splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(
-            f"DeepSpeed's shared-memory op ({builder.NAME}) did not build: see {BUILD_LOG}; it needs a C++ "
-            "compiler (apt install g++, or set CXX)"
+            f"DeepSpeed's shared-memory op ({builder.NAME}) did not build ({said}): see {log}; it needs a C++ "
+            "compiler and ninja (apt install g++, or set CXX)"
         ) from None
     finally:
         torch_log.removeHandler(to_file)
         torch_log.propagate = True
         to_file.close()
-    took = time.monotonic() - started
-    how = f"built in {took:.0f} s" if took > 2 else "found built"
-    where = Path(module.__file__).parent
-    return f"deepspeed: its shared-memory op {how}, cached for every run on this machine ({where})"
+    made = Path(module.__file__)
+    how = f"built in {time.time() - started:.0f} s" if made.stat().st_mtime >= started else "found built"
+    return f"deepspeed: its shared-memory op {how}, cached for every run on this machine ({made.parent})"
 
 
 class DeepSpeedBackend(DDPBackend):
@@ -104,11 +107,13 @@ class DeepSpeedBackend(DDPBackend):
         # ZeRO-3 calls torch's all_gather_into_tensor and reduce_scatter_tensor, which this torch deprecates with a
         # FutureWarning at every call: thousands of lines a compare, about DeepSpeed's code, nothing a user can act on.
         warnings.filterwarnings(
-            "ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+            "ignore",
+            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+            category=FutureWarning,
         )
         self.ds = import_deepspeed(self.run.device)
         # DeepSpeed: the engine reads LOCAL_RANK (torchrun's) or Open MPI's own; srun and MPICH set neither.
-        os.environ.setdefault("LOCAL_RANK", str(self.launch.local_rank))
+        os.environ["LOCAL_RANK"] = str(self.launch.local_rank)  # this launch's, not one an outer launcher left
         self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
         join_process_group(self, self.dist_backend)  # the engine uses it (dist_init_required=False)
         self.engine: Any = None

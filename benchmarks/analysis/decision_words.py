@@ -154,11 +154,11 @@ def precision_words(decision: dict[str, Any]) -> str:
     if plan.get("budget"):
         text += f"; {plan['budget']}"
     if plan.get("advice"):
-        unsettled = any(a["status"] == "unresolved" for s in decision["setups"] for a in s.get("alternatives", []))
-        if unsettled:  # the plan said right after the pilot, the same words
+        decided = all(s.get("status") in ("resolved", "equivalent") for s in decision["setups"])
+        if not decided:  # the plan said right after the pilot, the same words
             return f"{text}; {plan['advice']}"
-        # The pilot's few runs overstate a spread more often than not: the budget decided after all.
-        return f"{text}; decided within the budget, though the pilot's spreads had asked for more runs"
+        # The pilot's few runs overstate a spread more often than not: these runs decided after all.
+        return f"{text}; decided with these runs, though the pilot's spreads had asked for more"
     short = {a: n for a, n in (plan.get("needed") or {}).items() if n > (plan.get("ran") or {}).get(a, n)}
     if short:
         text += "; the target needed " + ", ".join(f"{a} {n}" for a, n in short.items()) + " runs"

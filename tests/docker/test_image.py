@@ -120,7 +120,7 @@ def test_compare_as_an_unknown_user_decides_and_leaves_its_files_to_that_user(im
 @pytest.mark.timeout(900)
 def test_deepspeed_runs_in_the_image_with_its_op_built_in(image: str, tmp_path: Path) -> None:
     # The runtime stage has no compiler: DeepSpeed's shared-memory op must come built with the image.
-    assert _run("--network", "none", image, "sh", "-c", "command -v c++ g++").returncode != 0
+    assert _run("--network", "none", image, "sh", "-c", "command -v c++ || command -v g++ || command -v cc").returncode
     doctor = _run("--network", "none", image)
     assert re.search(r"deepspeed\b.*0\.19\.8", doctor.stdout), doctor.stdout
     out = tmp_path / "out"

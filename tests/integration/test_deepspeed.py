@@ -111,8 +111,8 @@ def test_an_op_that_cannot_build_is_one_line_with_its_log(tmp_path: Path, launch
     assert done.returncode == 2, done.stderr[-2000:]
     said = done.stdout + done.stderr
     ours = our_lines(said)
-    assert len(ours) == 1 and "shared-memory op (deepspeed_shm_comm) did not build: see " in ours[0], said[-2000:]
-    log = Path(ours[0].split("see ")[1].split(";")[0])
+    assert len(ours) == 1 and "shared-memory op (deepspeed_shm_comm) did not build (" in ours[0], said[-2000:]
+    log = Path(ours[0].split("): see ")[1].split(";")[0])
     assert "no-such-c++" in log.read_text()  # the compiler's own words, kept in the log
     assert "WARNING" not in said and not out.exists()
     no_rank_traceback(said)
@@ -122,5 +122,6 @@ def test_an_op_that_cannot_build_is_one_line_with_its_log(tmp_path: Path, launch
 def test_compare_says_the_op_is_built_before_any_job(tmp_path: Path) -> None:
     cmd = [*COMPARE, "--backends", "ddp,deepspeed", *SHORT, "--out", str(tmp_path)]
     done = run_ok(cmd, 100)
-    head = done.stderr.split("[compare")[0]  # the start-up lines, before the first job
+    assert "[compare 1/" in done.stderr, done.stderr[-2000:]
+    head = done.stderr.split("[compare 1/")[0]  # the start-up lines, before the first job
     assert "deepspeed: its shared-memory op " in head and "cached for every run on this machine" in head

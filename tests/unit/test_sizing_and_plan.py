@@ -93,7 +93,10 @@ def test_the_final_lines_repeat_the_pilots_plan_and_give_no_other_count() -> Non
     # Decided after all (the pilot's spreads were wide by chance): no "cannot decide" beside a decision.
     settled = {**setup, "status": "resolved", "alternatives": [{**setup["alternatives"][0], "status": "resolved"}]}
     text = "\n".join(decision_words.words({"plan": plan, "setups": [settled]}))
-    assert plan["advice"] not in text and "decided within the budget" in text
+    assert plan["advice"] not in text and "decided with these runs" in text
+    # A setup with nothing to decide between (no alternatives) is not "decided": the plan stands.
+    alone = {**setup, "status": "oversubscribed", "alternatives": []}
+    assert plan["advice"] in "\n".join(decision_words.words({"plan": plan, "setups": [alone]}))
 
 
 def test_the_time_line_says_what_each_job_spends_outside_its_window() -> None:
