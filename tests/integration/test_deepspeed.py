@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from benchmarks.analysis import agreement
 from tests.helpers import BIN, REPO, mpirun, no_rank_traceback, our_lines, run_cmd, run_ok, torchrun
 
 COMPARE = [str(BIN / "distbench"), "compare", "--quiet"]
@@ -29,6 +30,10 @@ def test_zero_3_trains_the_curve_ddp_and_single_train_and_holds_a_share(tmp_path
     done = run_ok([*cmd, "--run-id", "c"], 240)
     assert "Decision (" in done.stdout
     assert "is deprecated" not in done.stderr  # ZeRO-3's torch deprecation warnings, once per collective
+    # DeepSpeed's op, built (or found built) by compare before its first job, and said in its start-up lines.
+    assert "[compare 1/" in done.stderr, done.stderr[-2000:]
+    head = done.stderr.split("[compare 1/")[0]
+    assert "deepspeed: its shared-memory op " in head and "cached for every run on this machine" in head
     # DDP and ZeRO-3 take the same steps; single's one process sums in another order (fp32 rounding).
     said = _agreement(done.stdout)
     assert "train 0.00e+00" in said or float(said.split("train ")[1].split(",")[0]) < 1e-5, said
@@ -61,6 +66,22 @@ def test_every_stage_under_mpirun_agrees_with_ddp(tmp_path: Path, stage: int) ->
     held = ds["memory"]["per_rank"][0]
     assert (held["optimizer_state_bytes"] * 2 == held["optimizer_state_bytes_full"]) == (stage >= 1)
     assert (held["grad_bytes"] * 2 == held["grad_bytes_full"]) == (stage >= 2)
+
+
+@pytest.mark.full_matrix
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("stage", [0, 3])
+def test_the_step_users_run_bf16_clipped_checkpointed_agrees_with_ddp(tmp_path: Path, stage: int) -> None:
+    """The step options DeepSpeed takes as the others do (autocast bf16, its config's clip, checkpointed blocks):
+    the curve within autocast's tolerance of DDP's, and the clip binding (DeepSpeed clips the norm over partitions)."""
+    step = ["--amp", "bf16", "--clip-grad-norm", "0.01", "--activation-checkpointing"]
+    cmd = [*COMPARE, "--backends", "ddp,deepspeed", "--zero-stage", str(stage), *SHORT, "--workload", "transformer"]
+    done = run_ok([*cmd, *step, "--out", str(tmp_path), "--run-id", "c"], 300)
+    said = _agreement(done.stdout)
+    assert float(said.split("train ")[1].split(",")[0]) < agreement.AMP_TOLERANCE, said
+    ds = _runs(tmp_path / "c")["deepspeed-r0"]
+    assert ds["knobs"]["config"]["gradient_clipping"] == 0.01 and ds["step"]["amp"] == "bf16"
+    assert ds["step"]["activation_checkpointing"], ds["step"]
 
 
 @pytest.mark.timeout(120)
@@ -116,12 +137,3 @@ def test_an_op_that_cannot_build_is_one_line_with_its_log(tmp_path: Path, launch
     assert "no-such-c++" in log.read_text()  # the compiler's own words, kept in the log
     assert "WARNING" not in said and not out.exists()
     no_rank_traceback(said)
-
-
-@pytest.mark.timeout(120)
-def test_compare_says_the_op_is_built_before_any_job(tmp_path: Path) -> None:
-    cmd = [*COMPARE, "--backends", "ddp,deepspeed", *SHORT, "--out", str(tmp_path)]
-    done = run_ok(cmd, 100)
-    assert "[compare 1/" in done.stderr, done.stderr[-2000:]
-    head = done.stderr.split("[compare 1/")[0]  # the start-up lines, before the first job
-    assert "deepspeed: its shared-memory op " in head and "cached for every run on this machine" in head
