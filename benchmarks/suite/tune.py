@@ -26,7 +26,7 @@ import backends
 from backends import horovod_autotune
 from benchmarks import config, errors, files
 from benchmarks.errors import InputError
-from benchmarks.suite import autotuning, compare, hosts, options, precision, variants
+from benchmarks.suite import autotuning, compare, comparison, hosts, options, precision, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.autotuning import AUTOTUNE
 from benchmarks.suite.variants import Job, Variant
@@ -183,7 +183,7 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
         autotuned = [
             autotuning.job_for(job, autotune) for job in finals if autotune and job.variant.backend == "horovod"
         ]
-        compare.check_jobs([*sweep, *finals, *autotuned])
+        said = compare.check_jobs([*sweep, *finals, *autotuned], own)
         where.check()
         root = compare.make_compare_dir(
             Path(cfg.out), cfg.run_id or compare.new_compare_id().replace("compare", "tune")
@@ -199,6 +199,8 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
     )
     if buffers:
         print(f"distbench tune: {buffers}", file=sys.stderr)
+    for line in said:  # as compare's start-up lines: what the data caps, what a backend built once
+        print(f"distbench tune: {line}", file=sys.stderr)
     if autotuned:
         print(
             f"distbench tune: autotune beside them, its warm-up lengthened by {autotune.steps} steps for Horovod's "
@@ -208,7 +210,7 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
     with processes.Supervisor(root) as supervisor:
         attempts = compare.run_jobs(sweep, args.tune_repeats, root / "sweep", supervisor, label="tune sweep")
         table = write_tune_csv(root, attempts, sweep, points)
-        final: list[compare.Attempt] = []
+        final: list[comparison.Attempt] = []
         if supervisor.interrupted:
             print(
                 "[tune] no report: interrupted during the sweep, before any final run (tune.csv has the sweep)",
@@ -245,13 +247,13 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
     return 0 if all(a.returncode == 0 for a in [*attempts, *final]) else 1
 
 
-def write_tune_csv(root: Path, attempts: list[compare.Attempt], jobs: list[Job], points: dict[str, list]) -> Any:
+def write_tune_csv(root: Path, attempts: list[comparison.Attempt], jobs: list[Job], points: dict[str, list]) -> Any:
     """tune.csv: one row per sweep run with its point's knobs, and the point's geometric mean and CI."""
     import pandas as pd
 
     from benchmarks.analysis import stats
 
-    full, _ = compare.comparison_frame(root / "sweep", attempts, jobs, compare.WEAK)
+    full, _ = comparison.comparison_frame(root / "sweep", attempts, jobs, comparison.WEAK)
     prefix = {j.run_prefix: (j.variant, int(j.run_prefix.rsplit("-p", 1)[1])) for j in jobs}
     rows = []
     for row in full.to_dict("records"):
@@ -344,7 +346,7 @@ def autotune_row(
 
 def finish(
     root: Path,
-    attempts: list[compare.Attempt],
+    attempts: list[comparison.Attempt],
     jobs: list[Job],
     best: dict,
     chosen: list[Variant],
@@ -358,10 +360,12 @@ def finish(
 
     from benchmarks.analysis import load, stats, tables, terminal
 
-    full, _ = compare.comparison_frame(root / "final", attempts, jobs, compare.WEAK)
+    full, _ = comparison.comparison_frame(root / "final", attempts, jobs, comparison.WEAK)
     full = full.assign(setting=full.run_id.str.rsplit("-", n=2).str[-2])  # <slug>-default-rN / <slug>-best-rN
     files.write_csv(
-        full.reindex(columns=[*compare.COMPARISON_COLUMNS, "setting"]), root / "final" / "comparison.csv", index=False
+        full.reindex(columns=[*comparison.COMPARISON_COLUMNS, "setting"]),
+        root / "final" / "comparison.csv",
+        index=False,
     )
     rows, kept, knobs = [], [], {}
     for v in chosen:

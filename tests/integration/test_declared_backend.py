@@ -28,6 +28,7 @@ def test_a_backend_declared_in_a_tests_module_runs_through_compare_tune_report_a
     cmp = run_ok([DISTBENCH, "compare", "--backends", "ddp,toy", *SHORT, "--repeats", "3", "--out", str(tmp_path)],
                  180, **PLUGIN)  # fmt: skip
     assert "Decision (" in cmp.stdout and "toy@torchrun" in cmp.stdout
+    assert "toy: checked once for the machine, buckets of 25.0 MB" in cmp.stderr  # its check_run, said at start-up
     root = Path(cmp.stdout.strip().splitlines()[-1])
     runs = pd.read_csv(root / "comparison.csv")
     assert set(runs.variant) == {"ddp@torchrun", "toy@torchrun"} and (runs.status == "completed").all()
@@ -39,7 +40,8 @@ def test_a_backend_declared_in_a_tests_module_runs_through_compare_tune_report_a
     run_ok([DISTBENCH, "report", str(root), "--out", str(tmp_path / "report")], 120, **PLUGIN)
     assert "toy@torchrun" in (tmp_path / "report" / "report.md").read_text()
     tune = [DISTBENCH, "tune", "--backends", "toy", *SHORT, "--tune-steps", "12", "--repeats", "3"]
-    run_ok([*tune, "--out", str(tmp_path), "--run-id", "t"], 240, **PLUGIN)
+    tuned = run_ok([*tune, "--out", str(tmp_path), "--run-id", "t"], 240, **PLUGIN)
+    assert "distbench tune: toy: checked once for the machine" in tuned.stderr
     swept = pd.read_csv(tmp_path / "t" / "tune.csv")
     assert sorted(swept.toy_bucket_mb) == [1.0, 25.0]  # its declared grid
 

@@ -25,6 +25,10 @@ class ToyBackend(DDPBackend):
     def __init__(self, run: config.RunConfig, options: ToyConfig, launched: launch.LaunchInfo) -> None:
         super().__init__(run, config.DDPConfig(bucket_cap_mb=options.toy_bucket_mb), launched)  # type: ignore[arg-type]
 
+    @classmethod
+    def check_run(cls, cfg: config.RunConfig, options: ToyConfig) -> str | None:
+        return f"toy: checked once for the machine, buckets of {options.toy_bucket_mb} MB"  # as DeepSpeed's op line
+
 
 backends.register(
     backends.Declared(

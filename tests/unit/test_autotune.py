@@ -93,7 +93,7 @@ def test_tune_finish_sets_the_autotuned_run_beside_default_and_grid_best(tmp_pat
     """horovod@gloo's grid best within noise, its autotuned run beyond it: autotune kept, both rows say why,
     and the autotune row names what the autotuner settled on."""
     from benchmarks.config import RunConfig
-    from benchmarks.suite import compare, tune, variants
+    from benchmarks.suite import comparison, tune, variants
     from tests.helpers import BEYOND_NOISE, DEFAULT, WITHIN_NOISE, make_run
 
     [v] = variants.parse("horovod@gloo")
@@ -112,7 +112,9 @@ def test_tune_finish_sets_the_autotuned_run_beside_default_and_grid_best(tmp_pat
                 wall=20 / samples_per_s,
                 meta={"launcher": "horovodrun", "launcher_detail": "gloo", "knobs": knobs},
             )
-            attempts.append(compare.Attempt(v.name, v.backend, 1, 10, repeat, f"{prefix}-r{repeat}", [], returncode=0))
+            attempts.append(
+                comparison.Attempt(v.name, v.backend, 1, 10, repeat, f"{prefix}-r{repeat}", [], returncode=0)
+            )
     text = tune.finish(tmp_path, attempts, jobs, {v.name: {"fusion_threshold_mb": 1.0}}, [v], {"margin": 0.05})
     tuned = pd.read_csv(tmp_path / tune.TUNED_CSV)
     assert len(tuned) == 2 and list(tuned.kept) == ["autotune", "autotune"]

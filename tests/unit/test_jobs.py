@@ -118,13 +118,13 @@ def test_an_interrupted_run_is_recorded_failed_and_a_completed_one_kept(tmp_path
 def test_a_run_that_completed_as_the_signal_came_counts_as_completed(tmp_path) -> None:
     """The launcher may die of the signal after its ranks finished: the run is whole, the exit code is ours."""
     from benchmarks.cli import build_parser
-    from benchmarks.suite import compare, variants
+    from benchmarks.suite import compare, comparison, variants
     from tests.helpers import make_run
 
     make_run(tmp_path, "ddp-r0", "ddp", [[0.1, 0.1, 0.1]], wall=1.0)
     cfg, _ = compare.effective_config(build_parser().parse_args(["compare", "--workload", "linear"]))
     jobs_ = variants.jobs_for(cfg, variants.parse("ddp"), [1], None, {}, None)
-    caught = compare.Attempt("ddp@torchrun", "ddp", 1, 32, 0, "ddp-r0", ["torchrun"], returncode=-2, signalled=True)
-    failed = compare.Attempt("ddp@torchrun", "ddp", 1, 32, 0, "ddp-r0", ["torchrun"], returncode=-2)
-    frame, _ = compare.comparison_frame(tmp_path, [caught, failed], jobs_, compare.WEAK)
+    caught = comparison.Attempt("ddp@torchrun", "ddp", 1, 32, 0, "ddp-r0", ["torchrun"], returncode=-2, signalled=True)
+    failed = comparison.Attempt("ddp@torchrun", "ddp", 1, 32, 0, "ddp-r0", ["torchrun"], returncode=-2)
+    frame, _ = comparison.comparison_frame(tmp_path, [caught, failed], jobs_, comparison.WEAK)
     assert list(frame.status) == ["completed", "failed"]

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.analysis import check, load
 from benchmarks.cli import main
 from benchmarks.run import recorder as results
-from benchmarks.suite.compare import COMPARISON_COLUMNS
+from benchmarks.suite.comparison import COMPARISON_COLUMNS
 from tests.helpers import REPO
 
 REFERENCE = REPO / "results" / "reference"

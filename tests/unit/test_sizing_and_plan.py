@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.analysis import decision_words
 from benchmarks.errors import InputError
-from benchmarks.suite import compare, precision, sizing, variants
+from benchmarks.suite import comparison, precision, sizing, variants
 from tests.helpers import config
 
 
@@ -100,12 +100,12 @@ def test_the_final_lines_repeat_the_pilots_plan_and_give_no_other_count() -> Non
 
 
 def test_the_time_line_says_what_each_job_spends_outside_its_window() -> None:
-    def attempt(wall: float, timed: float, outside: dict[str, float]) -> compare.Attempt:
-        a = compare.Attempt("ddp@torchrun", "ddp", 2, 8, 0, "ddp-r0", [], 0, wall, timed)
+    def attempt(wall: float, timed: float, outside: dict[str, float]) -> comparison.Attempt:
+        a = comparison.Attempt("ddp@torchrun", "ddp", 2, 8, 0, "ddp-r0", [], 0, wall, timed)
         a.outside = outside
         return a
 
-    parts = compare.outside_parts([attempt(10.0, 4.0, {"start": 2.0, "baseline": 1.0}), attempt(12.0, 4.0, {})])
+    parts = comparison.outside_parts([attempt(10.0, 4.0, {"start": 2.0, "baseline": 1.0}), attempt(12.0, 4.0, {})])
     assert parts == {"launch and exit": 3.0, "start": 2.0, "baseline": 1.0}  # the job without parts is left out
-    line = compare.time_line([attempt(10.0, 4.0, {"start": 2.0, "baseline": 1.0})], {"1 jobs": 10.0}, 10.0)
+    line = comparison.time_line([attempt(10.0, 4.0, {"start": 2.0, "baseline": 1.0})], {"1 jobs": 10.0}, 10.0)
     assert "outside the timed window, per job: 6.0 s (launch and exit 3.0, start 2.0, baseline 1.0)" in line

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.analysis import stats
 from benchmarks.config import RunConfig
-from benchmarks.suite import compare, tune, variants
+from benchmarks.suite import comparison, tune, variants
 from tests.helpers import BEYOND_NOISE, DEFAULT, WITHIN_NOISE, make_run
 
 POINT = {"bucket_cap_mb": 5.0}
@@ -84,7 +84,7 @@ def test_finish_holds_the_rule_on_final_runs(tmp_path: Path) -> None:
                     wall=20 / samples_per_s,
                     meta=metas[v.name],
                 )
-                attempts.append(compare.Attempt(v.name, v.backend, 1, 10, repeat, run_id, [], returncode=0))
+                attempts.append(comparison.Attempt(v.name, v.backend, 1, 10, repeat, run_id, [], returncode=0))
     best = {v.name: POINT for v in chosen}
     tune.finish(tmp_path, attempts, jobs, best, chosen, {"margin": 0.05})
     tuned = pd.read_csv(tmp_path / tune.TUNED_CSV).set_index("variant")
