@@ -24,7 +24,7 @@ from benchmarks.config import DTYPES, AllreduceConfig, format_size
 from benchmarks.errors import EXIT_BAD_INPUT, InputError, bad_input, error
 from benchmarks.launch import variants as launch_variants
 from benchmarks.suite import compare as training_compare
-from benchmarks.suite import hosts
+from benchmarks.suite import host_options, hosts
 from benchmarks.suite import jobs as processes
 
 # What each implementation can be started under (launch.accepts' terms). mpi4py needs MPI, which horovodrun
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--nproc", type=int, default=2, help="--compare: ranks per implementation (default: 2; across hosts: all)")
     config.add_arguments(parser, AllreduceConfig)
-    hosts.add_arguments(parser)
+    host_options.add_arguments(parser)
 
 
 def validate(opts: AllreduceConfig) -> None:
@@ -124,8 +124,8 @@ def command(args: argparse.Namespace) -> int:
             )
             for name in names:
                 validate(dataclasses.replace(opts, impl=VARIANTS[name][0]))
-            with hosts.emulated(args) as made:
-                where = hosts.from_args(args, made)
+            with host_options.emulated(args) as made:
+                where = host_options.from_args(args, made)
                 where.check_sizes([args.nproc])
                 where.check()
                 root = training_compare.make_compare_dir(Path(opts.out), opts.run_id or collectives.new_id("compare"))
@@ -136,7 +136,7 @@ def command(args: argparse.Namespace) -> int:
 
     info = launch.detect()
     try:
-        hosts.refuse_outside_compare(args)
+        host_options.refuse_outside_compare(args)
         if args.impl is None:
             raise InputError("--impl is required (torch, horovod or mpi4py), or give --compare")
         opts = config.from_namespace(AllreduceConfig, args)

@@ -26,7 +26,7 @@ import backends
 from benchmarks import catalog, config, errors, files, launch
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
-from benchmarks.suite import hosts, precision, sizing, slurm, variants
+from benchmarks.suite import host_options, hosts, precision, sizing, slurm, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.comparison import STRONG, WEAK, Attempt, time_line, write_comparison
 from benchmarks.suite.options import add_arguments as add_arguments
@@ -261,7 +261,7 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
     `made` is the cluster --emulate-hosts brought up. Raises InputError (one line) on bad input."""
     check_not_overwrite(args, "compare")
     cfg, preset = effective_config(args)
-    where = hosts.from_args(args, made)
+    where = host_options.from_args(args, made)
     chosen = variants.parse(args.backends, args.launcher)
     sizes = variants.parse_nproc(args.nproc)
     slurm.check(chosen, sizes, where.many)
@@ -346,7 +346,7 @@ def command(args: argparse.Namespace) -> int:
     """`distbench compare`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
     started = time.perf_counter()
     try:
-        with hosts.emulated(args) as made:
+        with host_options.emulated(args) as made:
             jobs, root, scaling = prepare(args, made)
             return compare(jobs, args, root, scaling, started, rerun_command())
     except InputError as exc:

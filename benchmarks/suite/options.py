@@ -15,7 +15,7 @@ from benchmarks import catalog, config
 from benchmarks.config import RunConfig
 from benchmarks.errors import InputError
 from benchmarks.run import workloads
-from benchmarks.suite import hosts, precision, sizing, variants
+from benchmarks.suite import host_options, precision, sizing, variants
 from benchmarks.suite.variants import Job
 
 # The embedded default, used only when no --workload is given: a communication-heavy model (so the
@@ -49,7 +49,7 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
     )
     add_variant_options(cmp, scaling=True)
     sizing.add_arguments(cmp)
-    hosts.add_arguments(cmp)
+    host_options.add_arguments(cmp)
     add_preset_defaults(cmp)
 
 

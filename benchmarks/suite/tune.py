@@ -26,7 +26,7 @@ import backends
 from backends import horovod_autotune
 from benchmarks import config, errors, files
 from benchmarks.errors import InputError
-from benchmarks.suite import autotuning, compare, comparison, hosts, options, precision, variants
+from benchmarks.suite import autotuning, compare, comparison, host_options, hosts, options, precision, variants
 from benchmarks.suite import jobs as processes
 from benchmarks.suite.autotuning import AUTOTUNE
 from benchmarks.suite.variants import Job, Variant
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_TIME} on 2 cores."
     )
     options.add_variant_options(parser, scaling=False)
-    hosts.add_arguments(parser)
+    host_options.add_arguments(parser)
     parser.add_argument(
         "--grid",
         default=None,
@@ -131,7 +131,7 @@ def describe_point(point: dict[str, Any]) -> str:
 def command(args: argparse.Namespace) -> int:
     """`distbench tune`: 2 on bad input (one line, nothing started), 1 if a run failed, else 0."""
     try:
-        with hosts.emulated(args) as made:
+        with host_options.emulated(args) as made:
             return tune_on(args, made)
     except InputError as exc:
         errors.error(str(exc))
@@ -143,7 +143,7 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
     started = time.perf_counter()
     try:
         options.check_not_overwrite(args, "tune")
-        where = hosts.from_args(args, made)
+        where = host_options.from_args(args, made)
         cfg, _ = options.effective_config(args)
         chosen = variants.parse(args.backends, args.launcher)
         nproc = variants.parse_nproc(args.nproc)

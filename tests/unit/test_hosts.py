@@ -13,25 +13,29 @@ from backends import BY_NAME
 from benchmarks import cli
 from benchmarks.errors import InputError
 from benchmarks.launch import placement
-from benchmarks.suite import cluster, hosts, ssh_standin
+from benchmarks.suite import cluster, host_options, hosts, ssh_standin
 
 
 def test_host_lists_and_hostfiles() -> None:
-    assert hosts.parse_hosts("h0:2, h1") == [hosts.Slot("h0", 2), hosts.Slot("h1", None)]
+    assert host_options.parse_hosts("h0:2, h1") == [hosts.Slot("h0", 2), hosts.Slot("h1", None)]
     for bad in ("h0:0", "h0:x", ":2", "", "h0,h0"):
         with pytest.raises(InputError):
-            hosts.parse_hosts(bad)
+            host_options.parse_hosts(bad)
 
 
 def test_hostfile_in_horovodruns_form(tmp_path: Path) -> None:
     path = tmp_path / "hosts"
     path.write_text("# the cluster\nnode0 slots=4\nnode1:2\nnode2\n\n")
-    assert hosts.parse_hostfile(str(path)) == [hosts.Slot("node0", 4), hosts.Slot("node1", 2), hosts.Slot("node2")]
+    assert host_options.parse_hostfile(str(path)) == [
+        hosts.Slot("node0", 4),
+        hosts.Slot("node1", 2),
+        hosts.Slot("node2"),
+    ]
     path.write_text("node0 slots=four\n")
     with pytest.raises(InputError, match="line 1"):
-        hosts.parse_hostfile(str(path))
+        host_options.parse_hostfile(str(path))
     with pytest.raises(InputError, match="readable"):
-        hosts.parse_hostfile(str(tmp_path / "missing"))
+        host_options.parse_hostfile(str(tmp_path / "missing"))
 
 
 def test_world_sizes_spread_as_evenly_as_the_slots_allow() -> None:
@@ -209,10 +213,10 @@ def test_start_up_says_when_ranks_outnumber_cores_before_anything_runs() -> None
 
 def test_a_hostfile_may_name_an_emulated_clusters_hosts() -> None:
     found = fake_cluster()
-    assert hosts.emulated_slots(found, None) == [hosts.Slot("h0"), hosts.Slot("h1")]
+    assert host_options.emulated_slots(found, None) == [hosts.Slot("h0"), hosts.Slot("h1")]
     listed = [hosts.Slot("h0", 2), hosts.Slot("h1", 1)]
-    assert hosts.emulated_slots(found, listed) == listed
+    assert host_options.emulated_slots(found, listed) == listed
     with pytest.raises(InputError, match="host h7 is not one of cluster x's \\(h0, h1\\)"):
-        hosts.emulated_slots(found, [hosts.Slot("h0"), hosts.Slot("h7")])
+        host_options.emulated_slots(found, [hosts.Slot("h0"), hosts.Slot("h7")])
     with pytest.raises(InputError, match="list h0 first"):
-        hosts.emulated_slots(found, [hosts.Slot("h1"), hosts.Slot("h0")])
+        host_options.emulated_slots(found, [hosts.Slot("h1"), hosts.Slot("h0")])
