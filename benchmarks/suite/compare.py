@@ -292,11 +292,14 @@ def prepare(args: argparse.Namespace, made: hosts.emulation.Cluster | None = Non
     return jobs, root, STRONG if args.global_batch else WEAK
 
 
-def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> list[str]:
+def check_jobs(
+    jobs: list[Job], options: dict[str, Any] | None = None, also: dict[str, list[Any]] | None = None
+) -> list[str]:
     """Every job's options, and its workload at its world size, before any process starts; with each backend's
-    `options`, also whether they apply to the workload's model (FSDP2's unit policy), in one line for all.
-    Returns the start-up lines for what the data caps (an epoch shorter than --steps-per-epoch asks for) and for
-    what a backend did once for the machine (DeepSpeed's op built)."""
+    `options` (and the other settings of them in `also`: tune's grid points), also whether they apply to the
+    workload's model (FSDP2's unit policy), in one line for all. Returns the start-up lines for what the data
+    caps (an epoch shorter than --steps-per-epoch asks for) and for what a backend did once for the machine
+    (DeepSpeed's op built)."""
     for job in jobs:
         validate(job.variant.backend, job.cfg)
     from benchmarks.run import fingerprint, workloads  # prepare imports torch: only past the checks that need none
@@ -309,7 +312,8 @@ def check_jobs(jobs: list[Job], options: dict[str, Any] | None = None) -> list[s
         ready = workloads.prepare(job.cfg, job.ranks, autotune=tuned[id(job)])
         capped += steps_capped(job, ready)
     for backend, option in (options or {}).items():  # the model is the same at every world size
-        backends.get(backend).check_model(ready.workload.build_model, option)
+        for setting in [option, *(also or {}).get(backend, [])]:
+            backends.get(backend).check_model(ready.workload.build_model, setting)
     for job in jobs:  # e.g. DeepSpeed's op, built here once so no rank builds it in a job
         said = backends.get(job.variant.backend).check_run(job.cfg, (options or {}).get(job.variant.backend))
         capped += [said] if said else []

@@ -183,7 +183,11 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
         autotuned = [
             autotuning.job_for(job, autotune) for job in finals if autotune and job.variant.backend == "horovod"
         ]
-        said = compare.check_jobs([*sweep, *finals, *autotuned], own)
+        swept = {
+            b: [dataclasses.replace(o, **p) for v in chosen if v.backend == b for p in points[v.name]]
+            for b, o in own.items()
+        }
+        said = compare.check_jobs([*sweep, *finals, *autotuned], own, swept)
         where.check()
         root = compare.make_compare_dir(
             Path(cfg.out), cfg.run_id or compare.new_compare_id().replace("compare", "tune")

@@ -62,3 +62,16 @@ def test_tune_refuses_bad_input_before_anything_starts(tmp_path, capsys, argv: l
     err = capsys.readouterr().err
     assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_point_the_model_cannot_take_is_refused_before_anything_starts(tmp_path, capsys) -> None:
+    """The grid's settings are checked against the model as the command line's are: FSDP2's `blocks` policy
+    names no module of the linear workload, so a sweep point with it would fail in every run."""
+    grid = tmp_path / "g.toml"
+    grid.write_text('[fsdp]\nfsdp_units = ["root", "blocks"]\n')
+    argv = ["tune", "--backends", "fsdp", "--workload", "linear", "--grid", str(grid), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--fsdp-units blocks names no module" in err, err
+    assert not (tmp_path / "out").exists()
+
