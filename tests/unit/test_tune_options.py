@@ -74,4 +74,3 @@ def test_a_grid_point_the_model_cannot_take_is_refused_before_anything_starts(tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--fsdp-units blocks names no module" in err, err
     assert not (tmp_path / "out").exists()
-
