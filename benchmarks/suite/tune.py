@@ -170,11 +170,13 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
         own = {v.backend: config.from_namespace(backends.options_of(v.backend), args) for v in chosen}
         autotune = autotuning.plan_for(args, chosen)  # --autotune: a setting of its own, never in the sweep or default
         own = {b: dataclasses.replace(o, autotune=False) if b == "horovod" else o for b, o in own.items()}
-        sweep, points = [], {}
+        sweep, points, swept = [], {}, {}
         for v in chosen:
             points[v.name] = grid_points(grid.get(v.backend, {})) if v.backend not in backends.ONE_PROCESS else []
             for i, point in enumerate(points[v.name]):
-                knobs = {v.backend: knob_argv(own[v.backend], point)}
+                setting = dataclasses.replace(own[v.backend], **point)
+                swept.setdefault(v.backend, []).append(setting)  # checked against the model with the others below
+                knobs = {v.backend: config.to_argv(setting)}
                 [job] = variants.jobs_for(sweep_cfg, [v], nproc, None, knobs, hosts=where)
                 sweep.append(dataclasses.replace(job, run_prefix=f"{v.slug}-p{i}"))
         finals = variants.jobs_for(
@@ -183,10 +185,6 @@ def tune_on(args: argparse.Namespace, made: hosts.emulation.Cluster | None) -> i
         autotuned = [
             autotuning.job_for(job, autotune) for job in finals if autotune and job.variant.backend == "horovod"
         ]
-        swept = {
-            b: [dataclasses.replace(o, **p) for v in chosen if v.backend == b for p in points[v.name]]
-            for b, o in own.items()
-        }
         said = compare.check_jobs([*sweep, *finals, *autotuned], own, swept)
         where.check()
         root = compare.make_compare_dir(
