@@ -12,6 +12,7 @@ about 25 s): `check_run` builds it first (compare: on its own machine, before an
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -41,8 +42,21 @@ def import_deepspeed(device_type: str) -> Any:
 
 
 def build_log() -> Path:
-    """This process's log of a failed op build: its own, as every rank of a `run` builds (waiting on torch's lock)."""
+    """This process's log of a failed op build: its own, as every rank of a `run` tries the build in turn."""
     return Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-build-{os.getuid()}-{os.getpid()}.log"
+
+
+@contextlib.contextmanager
+def one_build_at_a_time() -> Iterator[None]:
+    """This machine's processes load the op in turn. Under torch's own lock a rank that waits on another's build
+    then imports a library that a failed build never made: its error would be "cannot open shared object", not the
+    compiler's. In turn, each finds the op built (ninja: nothing to do) or tries the build and fails with its own."""
+    with open(Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-{os.getuid()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @functools.cache
@@ -56,13 +70,15 @@ def build_op(device_type: str) -> str | None:
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is None or not ds.ops.__compatible_ops__.get(builder.NAME, False):
         return None
-    started, log = time.time(), build_log()
+    log = build_log()
     # torch's warnings about the compiler go to the build's log with its error, not into the start-up lines.
     torch_log, to_file = logging.getLogger("torch.utils.cpp_extension"), logging.FileHandler(log, delay=True)
     try:
         torch_log.addHandler(to_file)
         torch_log.propagate = False
-        module = builder.load(verbose=False)
+        with one_build_at_a_time():
+            started = time.time()  # once this process's turn comes: another's build is not "built" by this one
+            module = builder.load(verbose=False)
     except Exception as exc:  # torch's build error carries the compiler's output: kept in the log, not the line
         log.write_text(f"{type(exc).__name__}: {exc}\n")
         said = str(exc).split(": [")[0].splitlines()[0] if str(exc) else type(exc).__name__
