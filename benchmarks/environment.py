@@ -335,6 +335,9 @@ IN_CONTAINER = "DISTBENCH_IN_CONTAINER"
 OUT_SAID = "DISTBENCH_OUT_SAID"
 """Set once the warning below was said, so the processes this one starts (compare's jobs, a launcher's ranks)
 do not say it again."""
+RUN_CHECK_SAID = "DISTBENCH_RUN_CHECK_SAID"
+"""Set by compare and tune once they said what each backend did for the machine (check_run: DeepSpeed's op built
+or found), so their jobs' rank 0 do not say it again; a plain `run` says it itself."""
 
 
 _RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_RANK")

@@ -285,7 +285,9 @@ def run(
     ready = workloads.prepare(cfg, info.world_size, autotune=getattr(options, "autotune", False))
     cfg = ready.cfg
     backend_cls.check_model(ready.workload.build_model, options)  # e.g. an FSDP unit policy that names nothing
-    backend_cls.check_run(cfg, options)  # e.g. a step option DeepSpeed would take its own way
+    checked = backend_cls.check_run(cfg, options)  # e.g. a step option DeepSpeed would take its own way
+    if checked and os.environ.get(environment.RUN_CHECK_SAID) != "1":
+        notes = [*notes, f"distbench: {checked}"]
     step.check(cfg, cfg.device, ready.workload.build_model)  # e.g. no C++ compiler for --compile
     data_print = fingerprint.of_data(ready.workload.train, ready.workload.val)  # compared once the ranks join
     workload, weight_prints = fingerprint.recording(ready.workload)

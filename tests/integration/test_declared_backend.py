@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers import BIN, REPO, run_cmd, run_ok
+from tests.helpers import BIN, REPO, run_cmd, run_ok, torchrun
 
 DISTBENCH = str(BIN / "distbench")
 SHORT = ["--workload", "mlp", "--epochs", "1", "--steps-per-epoch", "20"]
@@ -28,7 +28,8 @@ def test_a_backend_declared_in_a_tests_module_runs_through_compare_tune_report_a
     cmp = run_ok([DISTBENCH, "compare", "--backends", "ddp,toy", *SHORT, "--repeats", "3", "--out", str(tmp_path)],
                  180, **PLUGIN)  # fmt: skip
     assert "Decision (" in cmp.stdout and "toy@torchrun" in cmp.stdout
-    assert "toy: checked once for the machine, buckets of 25.0 MB" in cmp.stderr  # its check_run, said at start-up
+    # its check_run, said at start-up, and not again by each job's rank 0
+    assert cmp.stderr.count("toy: checked once for the machine, buckets of 25.0 MB") == 1, cmp.stderr
     root = Path(cmp.stdout.strip().splitlines()[-1])
     runs = pd.read_csv(root / "comparison.csv")
     assert set(runs.variant) == {"ddp@torchrun", "toy@torchrun"} and (runs.status == "completed").all()
@@ -44,6 +45,14 @@ def test_a_backend_declared_in_a_tests_module_runs_through_compare_tune_report_a
     assert "distbench tune: toy: checked once for the machine" in tuned.stderr
     swept = pd.read_csv(tmp_path / "t" / "tune.csv")
     assert sorted(swept.toy_bucket_mb) == [1.0, 25.0]  # its declared grid
+
+
+@pytest.mark.timeout(120)
+def test_a_plain_run_says_what_its_backend_did_for_the_machine_once(tmp_path: Path) -> None:
+    argv = [*torchrun(2), "run", "--backend", "toy", *SHORT, "--toy-bucket-mb", "4", "--out", str(tmp_path)]
+    done = run_ok(argv, 100, **PLUGIN)
+    said = [line for line in done.stderr.splitlines() if "checked once for the machine" in line]
+    assert said == ["distbench: toy: checked once for the machine, buckets of 4.0 MB"], done.stderr  # rank 0's
 
 
 @pytest.mark.processes
