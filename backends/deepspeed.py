@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import io
 import logging
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -158,10 +160,17 @@ class DeepSpeedBackend(DDPBackend):
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         # DeepSpeed: the engine broadcasts rank 0's parameters and wraps the optimizer (ZeRO's, from stage 1).
         # Its start draws random numbers; the training's stream (dropout's masks) must be the others'.
+        # Its comm prints "... built successfully" on every rank's stdout, which holds only the run directory:
+        # check_run's line says it once. Whatever else it prints goes to stderr.
+        printed = io.StringIO()
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            self.engine, ds_optimizer, _, _ = self.ds.initialize(
-                model=model, optimizer=optimizer, config=self.config(), dist_init_required=False
-            )
+            with contextlib.redirect_stdout(printed):
+                self.engine, ds_optimizer, _, _ = self.ds.initialize(
+                    model=model, optimizer=optimizer, config=self.config(), dist_init_required=False
+                )
+        rest = [line for line in printed.getvalue().splitlines() if not line.endswith(" built successfully")]
+        if rest:
+            print("\n".join(rest), file=sys.stderr, flush=True)
         return self.engine, ds_optimizer
 
     # --- the step: the engine's ------------------------------------------------------------------

@@ -64,6 +64,10 @@ def test_every_backend_runs_under_srun(tmp_path, slurm, backend: str, horovod_av
         assert meta["knobs"]["controller"] == "mpi"
     if backend == "deepspeed":
         assert meta["knobs"]["zero_stage"] == 0 and meta["knobs"]["config"]["zero_optimization"]["stage"] == 0
+        # stdout is the run directory alone (DeepSpeed's own "… built successfully", once a rank, is left out);
+        # its op is said once, by rank 0, on stderr
+        assert proc.stdout.strip() == str(tmp_path / "r"), proc.stdout
+        assert proc.stderr.count("deepspeed: its shared-memory op ") == 1, proc.stderr
     assert len(pd.read_csv(tmp_path / "r" / "timing.csv")) > 0
 
 

@@ -146,6 +146,13 @@ def test_generated_option_tables_are_the_dataclasses(table: str) -> None:
     )
 
 
+def test_the_launcher_table_has_a_row_for_every_declared_backend() -> None:
+    page = (REPO / "docs" / "commands.md").read_text()
+    table = page.split("Which launchers each backend accepts")[1].split("\n\n")[1]
+    rows = {line.split("|")[1].strip().strip("`") for line in table.splitlines()[2:]}
+    assert rows == set(backends.NAMES), f"docs/commands.md's launcher table: {rows} vs the declared {backends.NAMES}"
+
+
 def option_tables(page: Path) -> list[tuple[int, str | None, list[list[str]]]]:
     """(line, command of the enclosing `distbench X` heading, rows) of every `| option | … |` table."""
     found, command, rows, start = [], None, None, 0
