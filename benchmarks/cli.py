@@ -22,7 +22,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import backends
 from benchmarks import config, environment, files
@@ -251,8 +251,18 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown option, a value of the wrong type) said as all bad input is: one line
+    naming the fix, exit 2, by rank 0 alone under a launcher; not the whole usage once a rank."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("distbench").strip()
+        said = InputError(f"{command + ': ' if command else ''}{message}; see {self.prog} --help")
+        sys.exit(bad_input(1 if environment.not_rank_0() else 0, said))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="distbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action=_Version, help="print distbench's version (and git commit) and exit")

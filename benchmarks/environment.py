@@ -344,6 +344,11 @@ _RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_R
 """Each launcher's rank variable."""
 
 
+def not_rank_0(env: Mapping[str, str] = os.environ) -> bool:
+    """A process a launcher started as a rank other than 0 (read before any process group): rank 0 speaks for all."""
+    return any(env.get(rank, "0") != "0" for rank in _RANKS)
+
+
 def _mount_point(path: str, mountinfo: str) -> str:
     """The mount point under which `path` lies (the longest one that contains it), from /proc's mountinfo."""
     points = [line.split()[4] for line in mountinfo.splitlines() if len(line.split()) > 4]
@@ -355,7 +360,7 @@ def out_outside_mounts(out: str, env: Mapping[str, str] = os.environ, mountinfo:
     """In distbench's image, the warning for an --out that lies in the container's own file system, else None."""
     if env.get(IN_CONTAINER) != "1" or env.get(OUT_SAID) == "1":
         return None
-    if any(env.get(rank, "0") != "0" for rank in _RANKS):  # rank 0 says it for the job
+    if not_rank_0(env):  # rank 0 says it for the job
         return None
     if mountinfo is None:
         try:

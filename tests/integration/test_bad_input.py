@@ -26,15 +26,15 @@ from tests.helpers import (
 BAD = {
     "checked before torch": (["--lr", "0"], "--lr must be a positive number"),
     "checked with the data": (["--train-size", "50", "--batch-size", "64"], "lower --batch-size"),
+    "refused by the parser": (["--epochs", "two"], "argument --epochs: invalid int value: 'two'; see distbench run"),
 }
-# `make test` gives each launcher one bad input, each kind under at least one launcher. The existing run
-# directory below is refused, like the data check, once the workload is prepared and before any backend
-# starts, under every launcher; so two launchers here get the check made before torch. The other pairs are
-# `full_matrix`, left to `make test-all`.
+# `make test` gives each launcher one bad input, each kind under one launcher: a value argparse refuses (not
+# its usage once a rank), the checks made before torch, and the data's. The other pairs are `full_matrix`, left
+# to `make test-all`.
 DEFAULT_BAD_OF_LAUNCHER = {
     "torchrun": "checked with the data",
     "horovodrun": "checked before torch",
-    "mpirun": "checked before torch",
+    "mpirun": "refused by the parser",
 }
 BAD_UNDER_LAUNCHERS = [
     pytest.param(
