@@ -97,6 +97,10 @@ def build_op(device_type: str) -> str | None:
     return f"deepspeed: its shared-memory op {how}, cached for every run on this machine ({made.parent})"
 
 
+MASTER_COPIES = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+"""ZeRO's optimizer's fp32 copies of its partition of the parameters (stage 1-2, stage 3), which it steps."""
+
+
 class DeepSpeedBackend(DDPBackend):
     name = "deepspeed"
     options: DeepSpeedConfig  # type: ignore[assignment]
@@ -213,12 +217,15 @@ class DeepSpeedBackend(DDPBackend):
     # --- record ----------------------------------------------------------------------------------
     def held_state(self) -> dict[str, int] | None:
         """The training state this rank holds as ZeRO partitions it: parameters (stage 3), gradients (stage
-        2-3) and optimizer state (stage 1-3) a 1/W share each, the rest whole."""
+        2-3) and optimizer state (stage 1-3) a 1/W share each, the rest whole. ZeRO's optimizer state includes
+        its fp32 master copy of the partition's parameters, which it keeps even when training in fp32."""
         stage, world = self.options.zero_stage, self.world_size
         params = list(self.engine.module.parameters())
         full = sum(_numel(p) * p.element_size() for p in params)
         trainable = sum(_numel(p) * p.element_size() for p in params if p.requires_grad)
         state = [v for s in self.engine.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        for name in MASTER_COPIES:  # stage 1-2's, stage 3's: a flat partition per parameter group
+            state += getattr(self.engine.optimizer, name, None) or []
         state_bytes = sum(v.numel() * v.element_size() for v in state)
         return {
             "param_bytes": full // world if stage >= 3 else full,
