@@ -120,8 +120,9 @@ def doctor() -> int:
     cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     print(f"{'cuda':>12}: {', '.join(cuda) if cuda else 'no CUDA devices'}")
     if facts["deepspeed"]:  # what backend deepspeed imports it with (DS_ACCELERATOR, else the run's device)
-        accelerator = os.environ.get("DS_ACCELERATOR") or ("cuda" if cuda else "cpu")
-        print(f"{'deepspeed on':>12}: {accelerator} (DS_ACCELERATOR)")
+        given = os.environ.get("DS_ACCELERATOR")
+        why = f"DS_ACCELERATOR={given}" if given else "DS_ACCELERATOR unset: the run's device"
+        print(f"{'deepspeed on':>12}: {given or ('cuda' if cuda else 'cpu')} ({why})")
     build = horovod_build()
     if isinstance(build, str):
         print(f"error: {build}; fix: {HOROVOD_FIX}", file=sys.stderr)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from benchmarks.cli import build_parser
-from tests.helpers import BIN, CLI, REPO, cli_here, run_cmd, run_ok
+from tests.helpers import BIN, CLI, REPO, cli_here, launcher_env, run_cmd, run_ok
 
 
 @pytest.mark.timeout(120)
@@ -32,6 +32,11 @@ def test_doctor_reports_versions_and_controllers() -> None:
         assert f"{fact}:" in out
     assert "0.28.1" in out and "Open MPI" in out
     assert "Gloo yes" in out and "MPI yes" in out and "PyTorch yes" in out
+    assert "deepspeed: 0.19.8" in out and "deepspeed on: cpu (" in out
+    unset = {k: v for k, v in launcher_env().items() if k != "DS_ACCELERATOR"}  # an in-process test may set it
+    said = subprocess.run([*CLI, "doctor"], capture_output=True, text=True, timeout=60, cwd=REPO, env=unset).stdout
+    assert "deepspeed on: cpu (DS_ACCELERATOR unset: the run's device)" in said, said
+    assert "deepspeed on: cpu (DS_ACCELERATOR=cpu)" in run_ok([*CLI, "doctor"], DS_ACCELERATOR="cpu").stdout
 
 
 @pytest.mark.timeout(60)
