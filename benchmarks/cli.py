@@ -339,7 +339,11 @@ def whole_lines() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # a process of its own (not called in-process by a test or a notebook)
         whole_lines()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser, whose --help lists what it takes
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if (out := getattr(args, "out", None)) and (said := environment.out_outside_mounts(str(out))):
         print(f"distbench: warning: {said}", file=sys.stderr, flush=True)
         os.environ[environment.OUT_SAID] = "1"  # once: not again from the processes this one starts

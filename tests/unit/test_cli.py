@@ -254,3 +254,19 @@ def test_an_unwritable_out_says_why_in_words(tmp_path) -> None:
             assert reason in files.unwritable_reason(path, exc)
         else:
             pytest.fail(f"{path} was made")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "--backend", "ddp", "--epochs", "two"], "run: argument --epochs: invalid int value: 'two'"),
+        (["compare", "--nosuch", "3"], "compare: unrecognized arguments: --nosuch 3; see distbench compare --help"),
+        (["bogus"], "argument command: invalid choice: 'bogus'"),
+    ],
+)
+def test_what_the_parser_refuses_is_one_line_naming_the_commands_help(argv, said, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and err.startswith("distbench: error: "), err
+    assert said in err and "usage:" not in err, err
