@@ -48,17 +48,23 @@ def build_log() -> Path:
     return Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-build-{os.getuid()}-{os.getpid()}.log"
 
 
+OP_BUILD_WAIT_S = 600.0
+"""How long a rank whose build failed waits for rank 0 to say so (the launcher ends it once rank 0 exits): the
+ranks of a machine build in turn, and rank 0 may be the last."""
+
+
 @contextlib.contextmanager
 def one_build_at_a_time() -> Iterator[None]:
     """This machine's processes load the op in turn. Under torch's own lock a rank that waits on another's build
     then imports a library that a failed build never made: its error would be "cannot open shared object", not the
     compiler's. In turn, each finds the op built (ninja: nothing to do) or tries the build and fails with its own."""
-    with open(Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-{os.getuid()}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    path = Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-{os.getuid()}.lock"
+    lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel too, should this process die holding it
+        yield
+    finally:
+        os.close(lock)
 
 
 @functools.cache
@@ -84,10 +90,12 @@ def build_op(device_type: str) -> str | None:
     except Exception as exc:  # torch's build error carries the compiler's output: kept in the log, not the line
         log.write_text(f"{type(exc).__name__}: {exc}\n")
         said = str(exc).split(": [")[0].splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(
+        failed = InputError(
             f"DeepSpeed's shared-memory op ({builder.NAME}) did not build ({said}): see {log}; it needs a C++ "
             "compiler and ninja (apt install g++, or set CXX)"
-        ) from None
+        )
+        failed.rank0_grace_s = OP_BUILD_WAIT_S  # rank 0 may come after every other rank's failed build
+        raise failed from None
     finally:
         torch_log.removeHandler(to_file)
         torch_log.propagate = True
@@ -134,6 +142,9 @@ class DeepSpeedBackend(DDPBackend):
             category=FutureWarning,
         )
         self.ds = import_deepspeed(self.run.device)
+        for handler in logging.getLogger("DeepSpeed").handlers:  # its warnings: stdout holds the run directory only
+            if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+                handler.setStream(sys.stderr)
         # DeepSpeed: the engine reads LOCAL_RANK (torchrun's) or Open MPI's own; srun and MPICH set neither.
         os.environ["LOCAL_RANK"] = str(self.launch.local_rank)  # this launch's, not one an outer launcher left
         self.dist_backend = "nccl" if self.run.device == "cuda" else "gloo"
@@ -167,14 +178,16 @@ class DeepSpeedBackend(DDPBackend):
         # Its comm prints "... built successfully" on every rank's stdout, which holds only the run directory:
         # check_run's line says it once. Whatever else it prints goes to stderr.
         printed = io.StringIO()
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            with contextlib.redirect_stdout(printed):
-                self.engine, ds_optimizer, _, _ = self.ds.initialize(
-                    model=model, optimizer=optimizer, config=self.config(), dist_init_required=False
-                )
-        rest = [line for line in printed.getvalue().splitlines() if not line.endswith(" built successfully")]
-        if rest:
-            print("\n".join(rest), file=sys.stderr, flush=True)
+        try:
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                with contextlib.redirect_stdout(printed):
+                    self.engine, ds_optimizer, _, _ = self.ds.initialize(
+                        model=model, optimizer=optimizer, config=self.config(), dist_init_required=False
+                    )
+        finally:
+            rest = [line for line in printed.getvalue().splitlines() if not line.endswith(" built successfully")]
+            if rest:
+                print("\n".join(rest), file=sys.stderr, flush=True)
         return self.engine, ds_optimizer
 
     # --- the step: the engine's ------------------------------------------------------------------

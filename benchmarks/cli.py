@@ -258,7 +258,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("distbench").strip()
         said = InputError(f"{command + ': ' if command else ''}{message}; see {self.prog} --help")
-        sys.exit(bad_input(1 if environment.not_rank_0() else 0, said))
+        from benchmarks import launch  # the rank, from the launcher's variables (no torch)
+
+        try:
+            rank = launch.detect().rank
+        except (KeyError, ValueError):  # a launcher's variables half set: said here, as by rank 0
+            rank = 0
+        sys.exit(bad_input(rank, said))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -337,17 +337,12 @@ OUT_SAID = "DISTBENCH_OUT_SAID"
 """Set once the warning below was said, so the processes this one starts (compare's jobs, a launcher's ranks)
 do not say it again."""
 RUN_CHECK_SAID = "DISTBENCH_RUN_CHECK_SAID"
-"""Set by compare and tune once they said what each backend did for the machine (check_run: DeepSpeed's op built
-or found), so their jobs' rank 0 do not say it again; a plain `run` says it itself."""
+"""Set in the environment of compare's and tune's jobs, which said what each backend did for the machine
+(check_run: DeepSpeed's op built or found) at start-up: their rank 0 do not say it again; a plain `run` does."""
 
 
 _RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_RANK")
 """Each launcher's rank variable."""
-
-
-def not_rank_0(env: Mapping[str, str] = os.environ) -> bool:
-    """A process a launcher started as a rank other than 0 (read before any process group): rank 0 speaks for all."""
-    return any(env.get(rank, "0") != "0" for rank in _RANKS)
 
 
 def _mount_point(path: str, mountinfo: str) -> str:
@@ -361,7 +356,7 @@ def out_outside_mounts(out: str, env: Mapping[str, str] = os.environ, mountinfo:
     """In distbench's image, the warning for an --out that lies in the container's own file system, else None."""
     if env.get(IN_CONTAINER) != "1" or env.get(OUT_SAID) == "1":
         return None
-    if not_rank_0(env):  # rank 0 says it for the job
+    if any(env.get(rank, "0") != "0" for rank in _RANKS):  # rank 0 says it for the job
         return None
     if mountinfo is None:
         try:

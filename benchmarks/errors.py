@@ -26,6 +26,9 @@ class InputError(ValueError):
 
     said = False
     """True once rank 0 has printed it (found after start-up, it is said before the backend shuts down)."""
+    rank0_grace_s = RANK0_GRACE_S
+    """How long a rank other than 0 waits for rank 0 to say it: longer where rank 0 may reach the same error
+    much later (DeepSpeed's op, which the ranks of a machine try to build in turn)."""
 
 
 def error(message: str) -> None:
@@ -44,5 +47,5 @@ def bad_input(rank: int, exc: Exception) -> int:
         # which must then end this rank quietly (no traceback, no failure recorded: nothing ran).
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(EXIT_BAD_INPUT))
-        time.sleep(RANK0_GRACE_S)
+        time.sleep(getattr(exc, "rank0_grace_s", RANK0_GRACE_S))
     return EXIT_BAD_INPUT

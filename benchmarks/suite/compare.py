@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import backends
-from benchmarks import catalog, config, environment, errors, files, launch
+from benchmarks import catalog, config, errors, files, launch
 from benchmarks.errors import InputError
 from benchmarks.run.validate import validate
 from benchmarks.suite import host_options, hosts, precision, sizing, slurm, variants
@@ -317,7 +317,6 @@ def check_jobs(
     for job in jobs:  # e.g. DeepSpeed's op, built here once so no rank builds it in a job
         said = backends.get(job.variant.backend).check_run(job.cfg, (options or {}).get(job.variant.backend))
         capped += [said] if said else []
-    os.environ[environment.RUN_CHECK_SAID] = "1"  # said with the start-up lines: not again by each job
     from backends import step
 
     for job in {(j.cfg.amp, j.cfg.compile): j for j in jobs}.values():  # e.g. no C++ compiler for --compile

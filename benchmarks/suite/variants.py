@@ -180,8 +180,9 @@ class Job:
 
     def env(self) -> dict[str, str]:
         """What its processes get on top of this process's environment: the same OpenMP setting under every
-        launcher at one world size (torchrun alone would force 1), and the hosts' interface."""
-        return {"OMP_NUM_THREADS": str(self.threads), **self.hosts.env()}
+        launcher at one world size (torchrun alone would force 1), the hosts' interface, and that compare or tune
+        said the backends' start-up lines (check_jobs runs before any job)."""
+        return {"OMP_NUM_THREADS": str(self.threads), environment.RUN_CHECK_SAID: "1", **self.hosts.env()}
 
     def meta(self, run_id: str) -> dict[str, object]:
         """run.json's facts of one of its runs whose ranks never started (compare records that run failed)."""
