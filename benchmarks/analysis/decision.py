@@ -25,7 +25,7 @@ import pandas as pd
 
 from benchmarks import files
 from benchmarks.analysis import intervals, stats
-from benchmarks.analysis.tables import SETUP, oversubscribed_words, with_setup
+from benchmarks.analysis.tables import SETUP, SHORT_RUN_FIX, oversubscribed_words, with_setup
 
 SCHEMA_VERSION = 2
 DECISION_JSON = "decision.json"
@@ -178,10 +178,7 @@ def _decide_setup(
     entry: dict[str, Any] = {**{k: _plain(v) for k, v in setup.items()}, "decides": True, "alternatives": []}
     short = ok[ok["warning"].fillna("").astype(str) != ""] if "warning" in ok else ok.iloc[:0]
     entry["short_runs"] = (
-        f"{len(short)} of {len(ok)} runs short ({short['warning'].iloc[0]}): throughput this short is mostly noise; "
-        "time more steps (compare --window, or --epochs / --steps-per-epoch)"
-        if len(short)
-        else None
+        f"{len(short)} of {len(ok)} runs short ({short['warning'].iloc[0]}): {SHORT_RUN_FIX}" if len(short) else None
     )
     if not means:
         return {**entry, "status": "no-data", "recommended": None, "note": "no completed run"}

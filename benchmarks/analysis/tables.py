@@ -50,6 +50,13 @@ VALIDATION_KEYS = ("val_strategy", "eval_only")
 NO_LOSS = {"final_train_loss": np.nan, "final_val_loss": np.nan, "final_val_accuracy": np.nan}
 
 
+SHORT_RUN_FIX = (
+    "throughput this short is mostly noise; time more steps (compare --window; or --epochs, --steps-per-epoch, "
+    "and --train-size where the data caps an epoch and the workload's data can grow)"
+)
+"""What a short run's warning says to do, wherever it is said."""
+
+
 def run_warning(timed_steps: float, window_s: float) -> str:
     """'' for a run long enough to time, else what is too short (such a throughput is mostly noise)."""
     short = []

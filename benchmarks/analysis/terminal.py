@@ -8,7 +8,7 @@ import pandas as pd
 
 from benchmarks.analysis import stats
 from benchmarks.analysis.agreement import Agreement, setup_words
-from benchmarks.analysis.tables import setups
+from benchmarks.analysis.tables import SHORT_RUN_FIX, setups
 
 
 def interval(value: float, lo: float, hi: float, spec: str, base: bool = False) -> str:
@@ -129,10 +129,7 @@ def format_table(table: pd.DataFrame, agreement: Agreement | float) -> str:
                 verdict = stats.verdict(row["backend"], base, row["ratio"], row["ratio_low"], row["ratio_high"])
                 verdicts.append(where + verdict)
             if isinstance(row.get("warning"), str) and row["warning"]:
-                warnings.append(
-                    f"warning: {where}{row['backend']}: {row['warning']}: throughput this short is mostly "
-                    "noise; time more steps (--steps-per-epoch, --epochs; --train-size where the data caps an epoch)"
-                )
+                warnings.append(f"warning: {where}{row['backend']}: {row['warning']}: {SHORT_RUN_FIX}")
             if row["runs_failed"] and isinstance(row.get("error"), str):
                 warnings.append(f"{where}{row['backend']}: {row['runs_failed']} run(s) failed: {row['error']}")
     if not isinstance(agreement, Agreement):
