@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from backends.ddp import DDPBackend, join_process_group
+from benchmarks import launch
 from benchmarks.config import DeepSpeedConfig, RunConfig
-from benchmarks.errors import InputError
+from benchmarks.errors import RANK0_GRACE_S, InputError
 
 INSTALL_FIX = "make setup, or pip install deepspeed==0.19.8"
 
@@ -48,9 +49,12 @@ def build_log() -> Path:
     return Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-build-{os.getuid()}-{os.getpid()}.log"
 
 
-OP_BUILD_WAIT_S = 600.0
-"""How long a rank whose build failed waits for rank 0 to say so (the launcher ends it once rank 0 exits): the
-ranks of a machine build in turn, and rank 0 may be the last."""
+def _local_ranks() -> int:
+    """How many ranks of this launch share this machine (1 outside a launcher, or where it cannot be told)."""
+    try:
+        return launch.detect().local_world_size
+    except (KeyError, ValueError):
+        return 1
 
 
 @contextlib.contextmanager
@@ -78,7 +82,7 @@ def build_op(device_type: str) -> str | None:
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is None or not ds.ops.__compatible_ops__.get(builder.NAME, False):
         return None
-    log = build_log()
+    started, log = time.time(), build_log()
     # torch's warnings about the compiler go to the build's log with its error, not into the start-up lines.
     torch_log, to_file = logging.getLogger("torch.utils.cpp_extension"), logging.FileHandler(log, delay=True)
     try:
@@ -94,7 +98,8 @@ def build_op(device_type: str) -> str | None:
             f"DeepSpeed's shared-memory op ({builder.NAME}) did not build ({said}): see {log}; it needs a C++ "
             "compiler and ninja (apt install g++, or set CXX)"
         )
-        failed.rank0_grace_s = OP_BUILD_WAIT_S  # rank 0 may come after every other rank's failed build
+        # Rank 0 may take its turn after every other rank of this machine, each about as long as this one's.
+        failed.rank0_grace_s = RANK0_GRACE_S + (time.time() - started) * _local_ranks()
         raise failed from None
     finally:
         torch_log.removeHandler(to_file)
