@@ -335,6 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub-)command `args` chose: `distbench cluster up`'s, not `distbench`'s."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, sub.dest, None) not in sub.choices:
+            return parser
+        parser = sub.choices[getattr(args, sub.dest)]
+
+
 def whole_lines() -> None:
     """stderr a line at a time. Python writes it through, so print()'s text and newline reach a pipe as two
     writes, and Open MPI's --tag-output (horovodrun --mpi) tags each: "...step/s[1,0]<stderr>:"."""
@@ -348,8 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's own parser, whose --help lists what it takes
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if (out := getattr(args, "out", None)) and (said := environment.out_outside_mounts(str(out))):
         print(f"distbench: warning: {said}", file=sys.stderr, flush=True)
         os.environ[environment.OUT_SAID] = "1"  # once: not again from the processes this one starts

@@ -262,6 +262,7 @@ def test_an_unwritable_out_says_why_in_words(tmp_path) -> None:
         (["run", "--backend", "ddp", "--epochs", "two"], "run: argument --epochs: invalid int value: 'two'"),
         (["compare", "--nosuch", "3"], "compare: unrecognized arguments: --nosuch 3; see distbench compare --help"),
         (["bogus"], "argument command: invalid choice: 'bogus'"),
+        (["cluster", "up", "--bogus"], "cluster up: unrecognized arguments: --bogus; see distbench cluster up --help"),
     ],
 )
 def test_what_the_parser_refuses_is_one_line_naming_the_commands_help(argv, said, capsys) -> None:
