@@ -49,14 +49,6 @@ def build_log() -> Path:
     return Path(tempfile.gettempdir()) / f"distbench-deepspeed-op-build-{os.getuid()}-{os.getpid()}.log"
 
 
-def _local_ranks() -> int:
-    """How many ranks of this launch share this machine (1 outside a launcher, or where it cannot be told)."""
-    try:
-        return launch.detect().local_world_size
-    except (KeyError, ValueError):
-        return 1
-
-
 @contextlib.contextmanager
 def one_build_at_a_time() -> Iterator[None]:
     """This machine's processes load the op in turn. Under torch's own lock a rank that waits on another's build
@@ -99,7 +91,7 @@ def build_op(device_type: str) -> str | None:
             "compiler and ninja (apt install g++, or set CXX)"
         )
         # Rank 0 may take its turn after every other rank of this machine, each about as long as this one's.
-        failed.rank0_grace_s = RANK0_GRACE_S + (time.time() - started) * _local_ranks()
+        failed.rank0_grace_s = RANK0_GRACE_S + (time.time() - started) * launch.detect_or_plain().local_world_size
         raise failed from None
     finally:
         torch_log.removeHandler(to_file)

@@ -260,11 +260,7 @@ class _Parser(argparse.ArgumentParser):
         said = InputError(f"{command + ': ' if command else ''}{message}; see {self.prog} --help")
         from benchmarks import launch  # the rank, from the launcher's variables (no torch)
 
-        try:
-            rank = launch.detect().rank
-        except (KeyError, ValueError):  # a launcher's variables half set: said here, as by rank 0
-            rank = 0
-        sys.exit(bad_input(rank, said))
+        sys.exit(bad_input(launch.detect_or_plain().rank, said))
 
 
 def build_parser() -> argparse.ArgumentParser:

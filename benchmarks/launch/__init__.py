@@ -147,6 +147,15 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
     return LaunchInfo(launcher=PYTHON)
 
 
+def detect_or_plain(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """detect(), or one plain rank where a launcher's variables are only half set: for saying an error (which rank
+    says it, how long the others wait), where failing to tell would hide the error itself."""
+    try:
+        return detect(env)
+    except (KeyError, ValueError):
+        return LaunchInfo(launcher=PYTHON)
+
+
 def _srun_mpi(env: Mapping[str, str]) -> str:
     # srun exports its --mpi plugin as SLURM_MPI_TYPE (absent or "none" without one).
     value = env.get("SLURM_MPI_TYPE", "")

@@ -113,3 +113,12 @@ def test_a_backend_that_needs_mpi_runs_under_srun_only_with_an_mpi_plugin() -> N
         launch.check_supported("horovod", supported, launch.detect(SRUN_ENV))
     # ddp takes its rendezvous from srun's variables, with or without a plugin
     launch.check_supported("ddp", (launch.TORCHRUN, launch.SRUN), launch.detect(SRUN_ENV))
+
+
+def test_half_set_launcher_variables_are_one_plain_rank_for_saying_an_error() -> None:
+    half = {"RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "h"}  # no WORLD_SIZE
+    with pytest.raises(KeyError):
+        launch.detect(half)
+    assert launch.detect_or_plain(half) == launch.LaunchInfo(launcher=launch.PYTHON)
+    whole = {**half, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert launch.detect_or_plain(whole) == launch.detect(whole)
